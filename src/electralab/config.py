@@ -1,0 +1,411 @@
+"""Typed configuration loaded from params.yaml, the project's one place of configuration.
+
+params.yaml has four top-level keys:
+
+    preset:  which scale preset is active (tiny | small | base | base_pp | large_pp)
+    presets: the values of every preset, grouped by concern (corpus, vocab, shards, model, ...)
+    methods: the papers' settings of each pretraining method, the same at every scale
+    runs:    the registry of named pretraining runs (one per row of the papers' tables)
+
+Every value can be overridden with `dvc exp run -S presets.tiny.vocab.size=2000` and friends.
+
+Loading turns the YAML into frozen dataclasses and checks it on the way: an unknown key, a value of the
+wrong type or one out of range raises ConfigError naming the key path, the value and what is allowed.
+
+    >>> from electralab.config import load_params
+    >>> params = load_params("params.yaml")
+    >>> params.active.vocab.size
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Bad configuration: the message names the key path, the value and what is allowed."""
+
+
+def _range(lo: float | None = None, hi: float | None = None) -> dict:
+    return {"range": (lo, hi)}
+
+
+def _field(default: Any = dataclasses.MISSING, *, lo: float | None = None, hi: float | None = None,
+           factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with an inclusive [lo, hi] range checked at load time."""
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata=_range(lo, hi))
+    return field(default=default, metadata=_range(lo, hi))
+
+
+# --------------------------------------------------------------------------------------------
+# Data: corpus -> vocab -> shards
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HubSource:
+    """One corpus on the Hugging Face hub, read with `datasets.load_dataset(path, name, split=...)`."""
+    path: str
+    name: str | None = None
+    split: str = "train"
+    text_field: str = "text"
+    # How rows become documents: "document" = one row is one document (Wikipedia, OpenWebText);
+    # "wikitext" = rows are lines of WikiText, whose " = Title = " headings start a new article.
+    format: Literal["document", "wikitext"] = "document"
+
+
+@dataclass(frozen=True)
+class MirrorSource:
+    """One file under $ELECTRALAB_DATA/corpus/ (the offline mirror)."""
+    file: str
+    # "paragraphs": one paragraph per line, a blank line between documents (the mirror's format);
+    # "wikitext": WikiText raw lines, articles start at " = Title = " headings.
+    format: Literal["paragraphs", "wikitext"] = "paragraphs"
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    hub: tuple[HubSource, ...]        # read when ELECTRALAB_DATA is not set
+    mirror: tuple[MirrorSource, ...]  # read when ELECTRALAB_DATA names a local mirror
+    uncased: bool = True              # lowercase + strip accents, like BERT-uncased
+    max_documents: int | None = _field(None, lo=1)   # cap for quick presets; None = everything
+    shard_documents: int = _field(50_000, lo=1)      # documents per output Parquet file
+
+    def check(self, where: str) -> None:
+        if not self.hub and not self.mirror:
+            raise ConfigError(f"{where}: name at least one corpus under hub or mirror")
+
+
+@dataclass(frozen=True)
+class VocabConfig:
+    size: int = _field(32768, lo=64, hi=1_000_000)
+    model_type: Literal["bpe", "unigram"] = "bpe"
+    character_coverage: float = _field(0.9999, lo=0.5, hi=1.0)
+    # sentencepiece samples this many sentences, so a 16 GB corpus trains in bounded memory/time.
+    input_sentence_size: int = _field(2_000_000, lo=1000)
+    max_sentence_length: int = _field(8192, lo=256)
+    seed: int = 1
+    threads: int = _field(2, lo=1)
+
+
+@dataclass(frozen=True)
+class MaskingConfig:
+    """What the loader does to X^orig to make the generator's/MLM's input X^mask."""
+    mask_prob: float = _field(0.15, lo=0.0, hi=1.0)        # 15% (BERT; all three papers)
+    # Of the selected positions: share replaced by [MASK], by a random token; the rest kept.
+    # BERT/RoBERTa: 0.8/0.1 (kept 0.1). ELECTRA's released code: 0.85/0.0 (kept 0.15).
+    mask_token_prob: float = _field(0.8, lo=0.0, hi=1.0)
+    random_token_prob: float = _field(0.1, lo=0.0, hi=1.0)
+    # RoBERTa masks [CLS]/[SEP] too; COCO-LM App. D follows it. BERT masks only real tokens.
+    mask_special_tokens: bool = True
+
+    def check(self, where: str) -> None:
+        if self.mask_token_prob + self.random_token_prob > 1.0:
+            raise ConfigError(f"{where}: mask_token_prob + random_token_prob = "
+                              f"{self.mask_token_prob + self.random_token_prob} exceeds 1")
+
+
+@dataclass(frozen=True)
+class StaticMaskingConfig:
+    # TEAMS App. B: "duplicate training data 40 times so each sequence is masked in 40 different ways".
+    duplication: int = _field(0, lo=0, hi=1000)   # 0 = dynamic masking at load time (the default)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+
+
+@dataclass(frozen=True)
+class ShardsConfig:
+    seq_len: int = _field(512, lo=16, hi=8192)
+    validation_fraction: float = _field(0.01, lo=0.0, hi=0.5)
+    blocks_per_shard: int = _field(65536, lo=1)
+    workers: int = _field(2, lo=1, hi=256)
+    static_masking: StaticMaskingConfig = field(default_factory=StaticMaskingConfig)
+    seed: int = 1
+
+
+# --------------------------------------------------------------------------------------------
+# Model sizes
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """A BERT-style post-LayerNorm Transformer encoder."""
+    hidden: int = _field(768, lo=8)
+    layers: int = _field(12, lo=1, hi=128)
+    heads: int = _field(12, lo=1)
+    ffn: int = _field(3072, lo=8)
+    embedding: int = _field(768, lo=8)      # factorised token embedding size (ELECTRA-Small: 128)
+    dropout: float = _field(0.1, lo=0.0, hi=1.0)
+    attention_dropout: float = _field(0.1, lo=0.0, hi=1.0)
+    max_positions: int = _field(512, lo=16)
+    absolute_positions: bool = True
+    relative_positions: bool = True         # T5 bucketed relative position bias (COCO-LM Sec. 4)
+    relative_buckets: int = _field(32, lo=2)
+    relative_max_distance: int = _field(128, lo=2)
+    layer_norm_eps: float = _field(1e-5, lo=0.0, hi=1e-2)
+    initializer_range: float = _field(0.02, lo=0.0, hi=1.0)
+
+    def check(self, where: str) -> None:
+        if self.hidden % self.heads:
+            raise ConfigError(f"{where}: hidden={self.hidden} is not divisible by heads={self.heads}")
+        if not (self.absolute_positions or self.relative_positions):
+            raise ConfigError(f"{where}: enable absolute_positions or relative_positions (or both)")
+
+
+@dataclass(frozen=True)
+class GeneratorSize:
+    """Size of an auxiliary network relative to the main model; None = same as the main model."""
+    layers: int | None = _field(None, lo=1, hi=128)
+    hidden: int | None = _field(None, lo=8)
+    heads: int | None = _field(None, lo=1)
+    ffn: int | None = _field(None, lo=8)
+
+
+@dataclass(frozen=True)
+class GeneratorSizes:
+    """The auxiliary networks of each method at this scale."""
+    electra: GeneratorSize = field(default_factory=GeneratorSize)   # same depth, 1/3 (base) or 1/4 width
+    cocolm: GeneratorSize = field(default_factory=GeneratorSize)    # 4 layers base, 6 large, full width
+    amos: GeneratorSize = field(default_factory=GeneratorSize)      # 8 layers, full width
+    teams: GeneratorSize = field(default_factory=GeneratorSize)     # 1/2 depth, full width
+
+
+# --------------------------------------------------------------------------------------------
+# Pretraining and fine-tuning schedules (the loops live in electralab.train / electralab.finetune)
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    steps: int = _field(125_000, lo=1)
+    batch_size: int = _field(2048, lo=1)            # sequences per optimizer step (all ranks)
+    micro_batch_size: int = _field(32, lo=1)        # sequences per forward pass on one rank
+    lr: float = _field(5e-4, lo=0.0, hi=1.0)
+    warmup_steps: int = _field(10_000, lo=0)
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = _field(1e-6, lo=0.0, hi=1.0)
+    weight_decay: float = _field(0.01, lo=0.0, hi=1.0)
+    clip_norm: float = _field(2.0, lo=0.0)
+    seed: int = 1
+    num_workers: int = _field(1, lo=1, hi=4096)     # data-parallel ranks; > 1 runs under Ray Train
+    use_gpu: bool = False
+    log_every: int = _field(10, lo=1)
+    checkpoint_every: int = _field(1000, lo=1)
+    # Checkpoints kept at these fractions of training, with wall-clock and device hours
+    # (COCO-LM Fig. 3 and AMOS Fig. 4 plot accuracy against pretraining hours).
+    checkpoint_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass(frozen=True)
+class Preset:
+    corpus: CorpusConfig
+    vocab: VocabConfig
+    shards: ShardsConfig
+    model: EncoderConfig
+    generators: GeneratorSizes
+    pretrain: PretrainConfig
+
+    def check(self, where: str) -> None:
+        if self.shards.seq_len > self.model.max_positions:
+            raise ConfigError(f"{where}.shards.seq_len={self.shards.seq_len} exceeds "
+                              f"{where}.model.max_positions={self.model.max_positions}")
+
+
+PRESETS = ("tiny", "small", "base", "base_pp", "large_pp")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading with checks
+# --------------------------------------------------------------------------------------------
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _build(tp: Any, value: Any, where: str) -> Any:
+    """Convert `value` (parsed YAML) into type `tp`, raising ConfigError naming `where`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _build(inner[0], value, where)
+        errors = []
+        for a in inner:
+            try:
+                return _build(a, value, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where}: {value!r} is none of {[_type_name(a) for a in inner]}")
+
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not allowed; choose one of {list(args)}")
+        return value
+
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
+        return tuple(_build(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return {str(k): _build(args[1], v, f"{where}.{k}") for k, v in value.items()}
+
+    if dataclasses.is_dataclass(tp):
+        return _build_dataclass(tp, value, where)
+
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            # YAML reads 5e-4 (no dot) as a string; accept numeric strings.
+            if isinstance(value, str):
+                try:
+                    return float(value)
+                except ValueError:
+                    pass
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {where}")
+
+
+def _build_dataclass(cls: type, value: Any, where: str) -> Any:
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping of {cls.__name__} settings, got {value!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} "
+                          f"(allowed: {', '.join(fields)})")
+    kwargs = {}
+    for name, f in fields.items():
+        path = f"{where}.{name}" if where else name
+        if name not in value:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{path}: missing (a {_type_name(hints[name])} is required)")
+            continue
+        v = _build(hints[name], value[name], path)
+        lo, hi = f.metadata.get("range", (None, None))
+        if v is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
+            if (lo is not None and v < lo) or (hi is not None and v > hi):
+                allowed = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+                raise ConfigError(f"{path}={v!r} is out of range: allowed {allowed}")
+        kwargs[name] = v
+    obj = cls(**kwargs)
+    check = getattr(obj, "check", None)
+    if check is not None:
+        check(where)
+    return obj
+
+
+def build(cls: type, value: Any, where: str = "") -> Any:
+    """Build dataclass `cls` from a parsed-YAML mapping, checking keys, types and ranges."""
+    return _build_dataclass(cls, value, where)
+
+
+@dataclass(frozen=True)
+class Params:
+    """Everything in params.yaml, checked. `active` is the selected preset."""
+    preset: str
+    presets: dict[str, Preset]
+    methods: dict[str, Any]   # checked by electralab.objectives (each method owns its settings)
+    runs: dict[str, Any]      # checked by electralab.runs
+    raw: dict[str, Any]
+
+    @property
+    def active(self) -> Preset:
+        return self.presets[self.preset]
+
+
+TOP_LEVEL = ("preset", "presets", "methods", "runs")
+
+
+def parse_params(raw: Any, source: str = "params.yaml") -> Params:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(TOP_LEVEL))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {unknown[0]!r} (allowed: {', '.join(TOP_LEVEL)})")
+    preset = raw.get("preset", "tiny")
+    if preset not in PRESETS:
+        raise ConfigError(f"{source}: preset={preset!r} is not a preset; choose one of {list(PRESETS)}")
+    presets_raw = raw.get("presets") or {}
+    if not isinstance(presets_raw, dict):
+        raise ConfigError(f"{source}: presets must be a mapping of preset name to settings")
+    unknown = sorted(set(presets_raw) - set(PRESETS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown preset presets.{unknown[0]} (allowed: {', '.join(PRESETS)})")
+    if preset not in presets_raw:
+        raise ConfigError(f"{source}: preset={preset!r} has no settings under presets.{preset}")
+    presets = {name: build(Preset, value, f"presets.{name}") for name, value in presets_raw.items()}
+    for key in ("methods", "runs"):
+        if not isinstance(raw.get(key) or {}, dict):
+            raise ConfigError(f"{source}: {key} must be a mapping")
+    return Params(preset=preset, presets=presets, methods=dict(raw.get("methods") or {}),
+                  runs=dict(raw.get("runs") or {}), raw=raw)
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file (run from the project root, or pass --params)") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return parse_params(raw, str(path))
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass config back to plain YAML/JSON-able values (for MLflow params and hashes)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists stay values."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    else:
+        out[prefix] = d
+    return out

@@ -1,0 +1,38 @@
+"""Where things are: the project root, the offline data mirror, the MLflow tracking store."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from electralab.config import ConfigError
+
+DATA_ENV = "ELECTRALAB_DATA"
+
+
+def repo_root() -> Path:
+    """The project root: DVC_ROOT when DVC runs a stage, else the nearest parent holding dvc.yaml."""
+    if os.environ.get("DVC_ROOT"):
+        return Path(os.environ["DVC_ROOT"]).resolve()
+    here = Path.cwd().resolve()
+    for d in (here, *here.parents):
+        if (d / "dvc.yaml").exists() or (d / ".git").exists():
+            return d
+    return here
+
+
+def data_root() -> Path | None:
+    """The local mirror named by $ELECTRALAB_DATA (absolute), or None to read from the hub.
+
+    A relative value is taken relative to the current directory (the project root for `dvc repro`
+    and `make`), so `ELECTRALAB_DATA=../shared/data` works from a checkout beside ../shared.
+    """
+    value = os.environ.get(DATA_ENV)
+    if not value:
+        return None
+    path = Path(value).expanduser().resolve()
+    if not path.is_dir():
+        raise ConfigError(f"{DATA_ENV}={value!r}: no such directory ({path}); unset it to read "
+                          f"from the Hugging Face hub, or point it at a mirror laid out as "
+                          f"docs/data.md describes")
+    return path

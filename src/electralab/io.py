@@ -1,0 +1,71 @@
+"""Atomic outputs: write beside the final path, rename at the end.
+
+A stage that fails (bad input, a crash, SIGKILL) leaves no output that looks complete: either the
+previous output stays untouched or there is none; half-written data only ever lives under a
+`.tmp-*` name that the next run removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _clear_stale(final: Path) -> None:
+    """Remove temporaries that an earlier, killed run left beside `final`."""
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):
+        _remove(stale)
+
+
+@contextmanager
+def atomic_dir(final: str | Path) -> Iterator[Path]:
+    """Yield an empty temporary directory; on success it replaces `final`, on error it is removed."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _clear_stale(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        yield tmp
+    except BaseException:
+        _remove(tmp)
+        raise
+    _remove(final)
+    os.replace(tmp, final)
+
+
+@contextmanager
+def atomic_file(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary file path beside `final`; on success it is renamed to `final`."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _clear_stale(final)
+    fd, name = tempfile.mkstemp(prefix=f".tmp-{final.name}-", dir=final.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+    except BaseException:
+        _remove(tmp)
+        raise
+    os.replace(tmp, final)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
