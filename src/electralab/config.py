@@ -37,7 +37,7 @@ def _range(lo: float | None = None, hi: float | None = None) -> dict:
     return {"range": (lo, hi)}
 
 
-def _field(default: Any = dataclasses.MISSING, *, lo: float | None = None, hi: float | None = None,
+def bounded(default: Any = dataclasses.MISSING, *, lo: float | None = None, hi: float | None = None,
            factory: Any = dataclasses.MISSING) -> Any:
     """A dataclass field with an inclusive [lo, hi] range checked at load time."""
     if factory is not dataclasses.MISSING:
@@ -75,8 +75,8 @@ class CorpusConfig:
     hub: tuple[HubSource, ...]        # read when ELECTRALAB_DATA is not set
     mirror: tuple[MirrorSource, ...]  # read when ELECTRALAB_DATA names a local mirror
     uncased: bool = True              # lowercase + strip accents, like BERT-uncased
-    max_documents: int | None = _field(None, lo=1)   # cap for quick presets; None = everything
-    shard_documents: int = _field(50_000, lo=1)      # documents per output Parquet file
+    max_documents: int | None = bounded(None, lo=1)   # cap for quick presets; None = everything
+    shard_documents: int = bounded(50_000, lo=1)      # documents per output Parquet file
 
     def check(self, where: str) -> None:
         if not self.hub and not self.mirror:
@@ -85,24 +85,24 @@ class CorpusConfig:
 
 @dataclass(frozen=True)
 class VocabConfig:
-    size: int = _field(32768, lo=64, hi=1_000_000)
+    size: int = bounded(32768, lo=64, hi=1_000_000)
     model_type: Literal["bpe", "unigram"] = "bpe"
-    character_coverage: float = _field(0.9999, lo=0.5, hi=1.0)
+    character_coverage: float = bounded(0.9999, lo=0.5, hi=1.0)
     # sentencepiece samples this many sentences, so a 16 GB corpus trains in bounded memory/time.
-    input_sentence_size: int = _field(2_000_000, lo=1000)
-    max_sentence_length: int = _field(8192, lo=256)
+    input_sentence_size: int = bounded(2_000_000, lo=1000)
+    max_sentence_length: int = bounded(8192, lo=256)
     seed: int = 1
-    threads: int = _field(2, lo=1)
+    threads: int = bounded(2, lo=1)
 
 
 @dataclass(frozen=True)
 class MaskingConfig:
     """What the loader does to X^orig to make the generator's/MLM's input X^mask."""
-    mask_prob: float = _field(0.15, lo=0.0, hi=1.0)        # 15% (BERT; all three papers)
+    mask_prob: float = bounded(0.15, lo=0.0, hi=1.0)        # 15% (BERT; all three papers)
     # Of the selected positions: share replaced by [MASK], by a random token; the rest kept.
     # BERT/RoBERTa: 0.8/0.1 (kept 0.1). ELECTRA's released code: 0.85/0.0 (kept 0.15).
-    mask_token_prob: float = _field(0.8, lo=0.0, hi=1.0)
-    random_token_prob: float = _field(0.1, lo=0.0, hi=1.0)
+    mask_token_prob: float = bounded(0.8, lo=0.0, hi=1.0)
+    random_token_prob: float = bounded(0.1, lo=0.0, hi=1.0)
     # RoBERTa masks [CLS]/[SEP] too; COCO-LM App. D follows it. BERT masks only real tokens.
     mask_special_tokens: bool = True
 
@@ -115,16 +115,16 @@ class MaskingConfig:
 @dataclass(frozen=True)
 class StaticMaskingConfig:
     # TEAMS App. B: "duplicate training data 40 times so each sequence is masked in 40 different ways".
-    duplication: int = _field(0, lo=0, hi=1000)   # 0 = dynamic masking at load time (the default)
+    duplication: int = bounded(0, lo=0, hi=1000)   # 0 = dynamic masking at load time (the default)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
 
 
 @dataclass(frozen=True)
 class ShardsConfig:
-    seq_len: int = _field(512, lo=16, hi=8192)
-    validation_fraction: float = _field(0.01, lo=0.0, hi=0.5)
-    blocks_per_shard: int = _field(65536, lo=1)
-    workers: int = _field(2, lo=1, hi=256)
+    seq_len: int = bounded(512, lo=16, hi=8192)
+    validation_fraction: float = bounded(0.01, lo=0.0, hi=0.5)
+    blocks_per_shard: int = bounded(65536, lo=1)
+    workers: int = bounded(2, lo=1, hi=256)
     static_masking: StaticMaskingConfig = field(default_factory=StaticMaskingConfig)
     seed: int = 1
 
@@ -136,20 +136,20 @@ class ShardsConfig:
 @dataclass(frozen=True)
 class EncoderConfig:
     """A BERT-style post-LayerNorm Transformer encoder."""
-    hidden: int = _field(768, lo=8)
-    layers: int = _field(12, lo=1, hi=128)
-    heads: int = _field(12, lo=1)
-    ffn: int = _field(3072, lo=8)
-    embedding: int = _field(768, lo=8)      # factorised token embedding size (ELECTRA-Small: 128)
-    dropout: float = _field(0.1, lo=0.0, hi=1.0)
-    attention_dropout: float = _field(0.1, lo=0.0, hi=1.0)
-    max_positions: int = _field(512, lo=16)
+    hidden: int = bounded(768, lo=8)
+    layers: int = bounded(12, lo=1, hi=128)
+    heads: int = bounded(12, lo=1)
+    ffn: int = bounded(3072, lo=8)
+    embedding: int = bounded(768, lo=8)      # factorised token embedding size (ELECTRA-Small: 128)
+    dropout: float = bounded(0.1, lo=0.0, hi=1.0)
+    attention_dropout: float = bounded(0.1, lo=0.0, hi=1.0)
+    max_positions: int = bounded(512, lo=16)
     absolute_positions: bool = True
     relative_positions: bool = True         # T5 bucketed relative position bias (COCO-LM Sec. 4)
-    relative_buckets: int = _field(32, lo=2)
-    relative_max_distance: int = _field(128, lo=2)
-    layer_norm_eps: float = _field(1e-5, lo=0.0, hi=1e-2)
-    initializer_range: float = _field(0.02, lo=0.0, hi=1.0)
+    relative_buckets: int = bounded(32, lo=2)
+    relative_max_distance: int = bounded(128, lo=2)
+    layer_norm_eps: float = bounded(1e-5, lo=0.0, hi=1e-2)
+    initializer_range: float = bounded(0.02, lo=0.0, hi=1.0)
 
     def check(self, where: str) -> None:
         if self.hidden % self.heads:
@@ -161,10 +161,10 @@ class EncoderConfig:
 @dataclass(frozen=True)
 class GeneratorSize:
     """Size of an auxiliary network relative to the main model; None = same as the main model."""
-    layers: int | None = _field(None, lo=1, hi=128)
-    hidden: int | None = _field(None, lo=8)
-    heads: int | None = _field(None, lo=1)
-    ffn: int | None = _field(None, lo=8)
+    layers: int | None = bounded(None, lo=1, hi=128)
+    hidden: int | None = bounded(None, lo=8)
+    heads: int | None = bounded(None, lo=1)
+    ffn: int | None = bounded(None, lo=8)
 
 
 @dataclass(frozen=True)
@@ -182,20 +182,20 @@ class GeneratorSizes:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = _field(125_000, lo=1)
-    batch_size: int = _field(2048, lo=1)            # sequences per optimizer step (all ranks)
-    micro_batch_size: int = _field(32, lo=1)        # sequences per forward pass on one rank
-    lr: float = _field(5e-4, lo=0.0, hi=1.0)
-    warmup_steps: int = _field(10_000, lo=0)
+    steps: int = bounded(125_000, lo=1)
+    batch_size: int = bounded(2048, lo=1)            # sequences per optimizer step (all ranks)
+    micro_batch_size: int = bounded(32, lo=1)        # sequences per forward pass on one rank
+    lr: float = bounded(5e-4, lo=0.0, hi=1.0)
+    warmup_steps: int = bounded(10_000, lo=0)
     adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = _field(1e-6, lo=0.0, hi=1.0)
-    weight_decay: float = _field(0.01, lo=0.0, hi=1.0)
-    clip_norm: float = _field(2.0, lo=0.0)
+    adam_eps: float = bounded(1e-6, lo=0.0, hi=1.0)
+    weight_decay: float = bounded(0.01, lo=0.0, hi=1.0)
+    clip_norm: float = bounded(2.0, lo=0.0)
     seed: int = 1
-    num_workers: int = _field(1, lo=1, hi=4096)     # data-parallel ranks; > 1 runs under Ray Train
+    num_workers: int = bounded(1, lo=1, hi=4096)     # data-parallel ranks; > 1 runs under Ray Train
     use_gpu: bool = False
-    log_every: int = _field(10, lo=1)
-    checkpoint_every: int = _field(1000, lo=1)
+    log_every: int = bounded(10, lo=1)
+    checkpoint_every: int = bounded(1000, lo=1)
     # Checkpoints kept at these fractions of training, with wall-clock and device hours
     # (COCO-LM Fig. 3 and AMOS Fig. 4 plot accuracy against pretraining hours).
     checkpoint_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)

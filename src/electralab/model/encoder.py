@@ -1,0 +1,208 @@
+"""The Transformer encoder every method shares: BERT-style post-LayerNorm layers, GELU FFN,
+absolute position embeddings and/or a T5 bucketed relative position bias, attention through
+`F.scaled_dot_product_attention` (fused kernels on CUDA; the bias rides along as an additive mask).
+
+The encoder returns every layer's output (AMOS reads exits at layers 4/6/8, TEAMS reads layer L-1).
+Token embeddings are one `nn.Embedding` passed in from outside so that the auxiliary and main
+models (and every LM head) share the same Parameter.
+
+    tokens = nn.Embedding(vocab_size, cfg.embedding)
+    encoder = Encoder(cfg, tokens)
+    hidden = encoder(input_ids, attention_mask)   # list of L+1 tensors (B, T, H); [0] = embeddings
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Collection, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from electralab.config import EncoderConfig
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT initialisation: N(0, std) weights, zero biases, unit LayerNorm."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int,
+                             max_distance: int) -> torch.Tensor:
+    """T5's bidirectional bucketing (Raffel et al. 2020): half the buckets per direction, exact
+    buckets for small distances, logarithmically wider ones up to max_distance, then one bucket."""
+    num_buckets //= 2
+    buckets = (relative_position > 0).long() * num_buckets
+    distance = relative_position.abs()
+    max_exact = num_buckets // 2
+    is_small = distance < max_exact
+    log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+    """One learned scalar per (bucket, head), shared by all layers of an encoder (as in T5)."""
+
+    def __init__(self, heads: int, num_buckets: int, max_distance: int):
+        super().__init__()
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.bias = nn.Embedding(num_buckets, heads)
+        self._buckets: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def forward(self, length: int, device: torch.device) -> torch.Tensor:
+        key = (length, device)
+        if key not in self._buckets:   # the bucket map depends only on the length: compute once
+            pos = torch.arange(length, device=device)
+            self._buckets[key] = relative_position_bucket(pos[None, :] - pos[:, None],
+                                                          self.num_buckets, self.max_distance)
+        return self.bias(self._buckets[key]).permute(2, 0, 1).unsqueeze(0)  # (1, heads, T, T)
+
+
+class Embeddings(nn.Module):
+    """Shared token table (+ absolute positions) -> LayerNorm -> dropout -> projection to hidden."""
+
+    def __init__(self, cfg: EncoderConfig, tokens: nn.Embedding):
+        super().__init__()
+        self.tokens = tokens
+        self.positions = nn.Embedding(cfg.max_positions, cfg.embedding) if cfg.absolute_positions else None
+        self.norm = nn.LayerNorm(cfg.embedding, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        # Factorised embeddings (ELECTRA-Small: 128-d) or a narrower generator sharing a wider table.
+        self.project = nn.Linear(cfg.embedding, cfg.hidden) if cfg.embedding != cfg.hidden else None
+
+    def forward(self, input_ids: torch.Tensor | None, token_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.tokens(input_ids) if token_embeds is None else token_embeds   # (B, T, E)
+        if self.positions is not None:
+            x = x + self.positions.weight[: x.shape[1]]
+        x = self.dropout(self.norm(x))
+        return self.project(x) if self.project is not None else x            # (B, T, H)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)   # one matmul for q, k, v
+        self.out = nn.Linear(cfg.hidden, cfg.hidden)
+        self.dropout_p = cfg.attention_dropout
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        B, T, H = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+        if bias is not None and bias.dtype != q.dtype:   # autocast: the mask must match q's dtype
+            bias = bias.to(q.dtype)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                           dropout_p=self.dropout_p if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, H))  # (B, T, H)
+
+
+class TransformerLayer(nn.Module):
+    """Post-LayerNorm (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.attention = SelfAttention(cfg)
+        self.attention_norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        self.ffn_in = nn.Linear(cfg.hidden, cfg.ffn)
+        self.ffn_out = nn.Linear(cfg.ffn, cfg.hidden)
+        self.ffn_norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x = self.attention_norm(x + self.dropout(self.attention(x, bias)))
+        return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
+
+
+class Encoder(nn.Module):
+    """A stack of TransformerLayers over shared token embeddings.
+
+    `embeddings`, `relative_bias` and `shared_layers` let another encoder's modules be reused
+    as the same Parameters (TEAMS ties its generator's bottom layers to the discriminator's).
+    """
+
+    def __init__(self, cfg: EncoderConfig, tokens: nn.Embedding, *, embeddings: Embeddings | None = None,
+                 relative_bias: RelativePositionBias | None = None,
+                 shared_layers: Sequence[TransformerLayer] = ()):
+        super().__init__()
+        self.cfg = cfg
+        own = cfg.layers - len(shared_layers)
+        if own < 0:
+            raise ValueError(f"cannot share {len(shared_layers)} layers with a {cfg.layers}-layer encoder")
+        if embeddings is None:
+            embeddings = Embeddings(cfg, tokens)
+            for name, m in embeddings.named_children():
+                if name != "tokens":   # the shared token table is initialised by its owner
+                    init_weights(m, cfg.initializer_range)
+        self.embeddings = embeddings
+        if relative_bias is None and cfg.relative_positions:
+            relative_bias = RelativePositionBias(cfg.heads, cfg.relative_buckets, cfg.relative_max_distance)
+            init_weights(relative_bias, cfg.initializer_range)
+        self.relative_bias = relative_bias if cfg.relative_positions else None
+        new_layers = [TransformerLayer(cfg) for _ in range(own)]
+        for layer in new_layers:
+            init_weights(layer, cfg.initializer_range)
+        self.layers = nn.ModuleList([*shared_layers, *new_layers])
+
+    @classmethod
+    def from_parts(cls, cfg: EncoderConfig, embeddings: Embeddings,
+                   relative_bias: RelativePositionBias | None, layers: Sequence[TransformerLayer]) -> "Encoder":
+        """An encoder view over existing modules (same Parameters): TEAMS exports its MWS branch so."""
+        return cls(dataclasses.replace(cfg, layers=len(layers)), embeddings.tokens,
+                   embeddings=embeddings, relative_bias=relative_bias, shared_layers=layers)
+
+    def attention_bias(self, attention_mask: torch.Tensor | None, length: int,
+                       device: torch.device) -> torch.Tensor | None:
+        """Additive attention mask (B or 1, heads or 1, T, T): relative bias + -inf on [PAD] keys."""
+        bias = self.relative_bias(length, device) if self.relative_bias is not None else None
+        if attention_mask is not None:
+            pad = torch.zeros(attention_mask.shape, dtype=torch.float32, device=device)
+            pad = pad.masked_fill(~attention_mask, torch.finfo(torch.float32).min)[:, None, None, :]
+            bias = pad if bias is None else bias + pad
+        return bias
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, *,
+                token_embeds: torch.Tensor | None = None,
+                detach_after: Collection[int] = ()) -> list[torch.Tensor]:
+        """Returns [embeddings, layer 1, ..., layer L] outputs, each (B, T, H).
+
+        detach_after: layer numbers after which the next layer sees a stop-gradient copy
+        (AMOS partitions its generator into blocks that learn only from their own MLM exit).
+        """
+        x = self.embeddings(input_ids, token_embeds)                   # (B, T, H)
+        bias = self.attention_bias(attention_mask, x.shape[1], x.device)
+        hidden = [x]
+        for number, layer in enumerate(self.layers, start=1):
+            x = layer(x, bias)
+            hidden.append(x)
+            if number in detach_after:
+                x = x.detach()
+        return hidden
+
+    def run_layer(self, layer: TransformerLayer, x: torch.Tensor,
+                  attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Apply an extra layer (a TEAMS task head) with this encoder's attention bias."""
+        return layer(x, self.attention_bias(attention_mask, x.shape[1], x.device))
+
+
+def make_token_embedding(vocab_size: int, dim: int, std: float = 0.02) -> nn.Embedding:
+    tokens = nn.Embedding(vocab_size, dim)
+    nn.init.normal_(tokens.weight, std=std)
+    return tokens
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Distinct parameters (a shared Parameter counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())

@@ -1,0 +1,38 @@
+"""One module per pretraining method; each returns the total loss plus named diagnostics.
+
+    objective = build_objective("cocolm", {"scl": False}, model_cfg, generator_sizes, vocab_size)
+    out = objective(batch, progress=step / total_steps)   # out.loss, out.metrics
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from electralab.config import EncoderConfig, GeneratorSizes, build
+from electralab.objectives.amos import Amos
+from electralab.objectives.cocolm import CocoLM
+from electralab.objectives.common import Objective, Output
+from electralab.objectives.electra import Electra
+from electralab.objectives.mlm import MLM
+from electralab.objectives.teams import Teams
+from electralab.config import ConfigError
+
+METHODS: dict[str, type[Objective]] = {"mlm": MLM, "electra": Electra, "cocolm": CocoLM, "amos": Amos,
+                                       "teams": Teams}
+
+
+def method_settings(method: str, values: dict[str, Any] | None, where: str = "methods") -> Any:
+    """The checked Settings dataclass of `method` from a plain mapping (params.yaml values)."""
+    if method not in METHODS:
+        raise ConfigError(f"{where}: method={method!r} is not a method; choose one of {list(METHODS)}")
+    return build(METHODS[method].Settings, values or {}, f"{where}.{method}" if where == "methods" else where)
+
+
+def build_objective(method: str, settings: Any, model: EncoderConfig, generators: GeneratorSizes,
+                    vocab_size: int) -> Objective:
+    if isinstance(settings, dict) or settings is None:
+        settings = method_settings(method, settings)
+    return METHODS[method](model, generators, vocab_size, settings)
+
+
+__all__ = ["METHODS", "Objective", "Output", "build_objective", "method_settings"]

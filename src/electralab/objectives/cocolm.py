@@ -1,0 +1,250 @@
+"""COCO-LM (Meng et al. 2021): Correcting and Contrasting text sequences.
+
+A shallow, full-width auxiliary Transformer trained by MLM corrupts X^orig into X^MLM (Eq. 1),
+sampling its replacements in inference mode (no dropout; App. D). The main Transformer learns
+
+  Corrective LM (Sec. 3.3):
+    p_LM(x_i|h_i)  = 1(x_i = x_i^MLM) p_copy(1|h_i) + p_copy(0|h_i) softmax(x_i^T h_i)
+    p_copy(1|h_i)  = sigmoid(w_copy^T h_i)
+    L_copy = BCE of p_copy against 1(x_i^MLM = x_i^orig) on all tokens          (Eq. 2)
+    L_LM   = -sum_{i in M} log p_LM(x_i^orig | h_i), with p_copy under stop-gradient
+    L_CLM  = lambda_copy * L_copy + L_LM,  lambda_copy = 50                     (App. B)
+  Sequence contrastive learning (Sec. 3.3):
+    positives (X^MLM_k, X^crop_k) where X^crop is a random contiguous 90% span of X^orig;
+    cosine similarity of the [CLS] states, temperature 1, symmetric, the other 2N-2 sequences of
+    the batch as negatives                                                      (Eq. 3)
+  Total: L = L_MLM(aux) + L_CLM + L_SCL                                         (Eq. 4)
+
+Heads (App. D): the auxiliary's MLM head has the projection layer, the main CLM head does not.
+Every Table 3 / Figure 4 ablation is a Settings switch; docs/methods.md maps rows to values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from electralab import CLS_ID, PAD_ID
+from electralab.batch import Batch
+from electralab.config import ConfigError, EncoderConfig, GeneratorSizes, MaskingConfig, bounded
+from electralab.model.encoder import Encoder, make_token_embedding
+from electralab.model.heads import BinaryHead, LMHead
+from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, mlm_loss, random_tokens,
+                                          replace_masked, sample, sized)
+
+
+@dataclass(frozen=True)
+class Settings:
+    masking: MaskingConfig = field(default_factory=MaskingConfig)  # 15%, 80/10/10, specials maskable (App. D)
+    copy_weight: float = bounded(50.0, lo=0.0)        # lambda_copy (App. B)
+    # Which tokens L_LM covers: "masked" = CLM (positions M); "all_tokens" = All-Token MLM (ELECTRA's
+    # variant, Table 3 "All-Token LM Only"); "none" = no LM term (Table 3 "RTD Only", "SCL + RTD").
+    lm: Literal["masked", "all_tokens", "none"] = "masked"
+    copy_loss: bool = True          # the binary L_copy term (its absence: "All-Token LM Only")
+    copy_mechanism: bool = True     # p_LM mixes in p_copy; False = "CLM w/o. Copy" (plain softmax)
+    stop_gradient: bool = True      # sg on p_copy inside L_LM; False = "CLM w/o. Stop-grad"
+    scl: bool = True                # sequence contrastive learning
+    scl_temperature: float = bounded(1.0, lo=1e-4)    # tau = 1 (Sec. 3.3, App. B)
+    crop_fraction: float = bounded(0.9, lo=0.05, hi=1.0)   # |X^crop| / |X^orig| (Fig. 4: 0.7 .. 1.0)
+    # "shallow": COCO-LM's (4 layers base, 6 large, full width); "electra": ELECTRA's generator (same
+    # depth, 1/3 width); "random": uniform random replacements, no auxiliary; "converged": a frozen
+    # auxiliary loaded from `auxiliary_checkpoint` (a finished run's), trained no further.
+    auxiliary: Literal["shallow", "electra", "random", "converged"] = "shallow"
+    auxiliary_checkpoint: str | None = None
+    sample_without_dropout: bool = True   # App. D: replacements sampled with the auxiliary in eval mode
+
+    def check(self, where: str) -> None:
+        if self.auxiliary == "converged" and not self.auxiliary_checkpoint:
+            raise ConfigError(f"{where}.auxiliary_checkpoint: required when auxiliary='converged'")
+        if self.lm == "none" and not self.copy_loss and not self.scl:
+            raise ConfigError(f"{where}: lm='none', copy_loss=false and scl=false leave the main model "
+                              f"without a training signal")
+
+
+def crop(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+         fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """X^crop: [CLS] + a random contiguous span of X^orig's tokens after [CLS], `fraction` long.
+
+    Sequences of different real lengths crop their own real tokens; the result is right-padded.
+    """
+    B, T = input_ids.shape
+    content = attention_mask.sum(1) - 1                                 # (B,) real tokens after [CLS]
+    keep = torch.clamp(torch.round(content.float() * fraction).long(), min=1)
+    start = 1 + (torch.rand(B, device=input_ids.device) * (content - keep + 1).float()).long()
+    offsets = torch.arange(int(keep.max()), device=input_ids.device)
+    valid = offsets[None, :] < keep[:, None]                            # (B, L)
+    index = (start[:, None] + offsets[None, :]).clamp(max=T - 1)
+    span = input_ids.gather(1, index).masked_fill(~valid, PAD_ID)
+    cls = torch.full((B, 1), CLS_ID, dtype=input_ids.dtype, device=input_ids.device)
+    ones = torch.ones((B, 1), dtype=torch.bool, device=input_ids.device)
+    return torch.cat([cls, span], 1), torch.cat([ones, valid], 1)
+
+
+def scl_loss(s: torch.Tensor, s_pos: torch.Tensor,
+             temperature: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Eq. 3, symmetric: each of the 2N sequences is an anchor; its pair is the positive, the
+    other 2N-2 are negatives. Returns the mean loss and the mean positive/negative cosines (Fig. 7a)."""
+    N = s.shape[0]
+    z = F.normalize(torch.cat([s, s_pos]).float(), dim=-1)             # (2N, H)
+    cos = z @ z.T                                                       # (2N, 2N)
+    self_pair = torch.eye(2 * N, dtype=torch.bool, device=s.device)
+    logits = (cos / temperature).masked_fill(self_pair, float("-inf"))
+    positive = torch.cat([torch.arange(N, 2 * N), torch.arange(0, N)]).to(s.device)
+    loss = F.cross_entropy(logits, positive)
+    is_positive = torch.zeros_like(self_pair)
+    is_positive[torch.arange(2 * N, device=s.device), positive] = True
+    negative = ~(is_positive | self_pair)
+    metrics = {"scl_loss": loss.detach(), "scl_pos_cos": cos[is_positive].mean().detach(),
+               "scl_neg_cos": cos[negative].mean().detach() if negative.any()
+               else torch.tensor(float("nan"), device=s.device)}
+    return loss, metrics
+
+
+def lm_log_prob(lm_logits: torch.Tensor, copy_logit: torch.Tensor | None, inputs: torch.Tensor,
+                targets: torch.Tensor) -> torch.Tensor:
+    """log p_LM(target | h) per row; copy_logit=None means no copy mechanism (plain softmax)."""
+    log_vocab = lm_logits.float().log_softmax(-1).gather(1, targets[:, None]).squeeze(1)
+    if copy_logit is None:
+        return log_vocab
+    c = copy_logit.float()
+    copyable = torch.where(inputs == targets, F.logsigmoid(c), torch.full_like(c, float("-inf")))
+    return torch.logaddexp(copyable, F.logsigmoid(-c) + log_vocab)
+
+
+def lm_predict(lm_logits: torch.Tensor, copy_logit: torch.Tensor | None, inputs: torch.Tensor) -> torch.Tensor:
+    """argmax_x p_LM(x | h): either the input token (copied) or the softmax's best token."""
+    probs = lm_logits.float().softmax(-1)
+    best = probs.argmax(-1)
+    if copy_logit is None:
+        return best
+    p_copy = torch.sigmoid(copy_logit.float())
+    p_input = p_copy + (1 - p_copy) * probs.gather(1, inputs[:, None]).squeeze(1)
+    p_best = (1 - p_copy) * probs.gather(1, best[:, None]).squeeze(1)
+    return torch.where(p_input >= p_best, inputs, best)
+
+
+class CocoLM(Objective):
+    Settings = Settings
+
+    def __init__(self, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int, settings: Settings):
+        super().__init__()
+        self.settings = s = settings
+        self.vocab_size = vocab_size
+        self.tokens = make_token_embedding(vocab_size, model.embedding, model.initializer_range)
+        if s.auxiliary == "shallow":
+            self.auxiliary: MaskedLM | None = MaskedLM(sized(model, generators.cocolm), self.tokens)
+        elif s.auxiliary == "electra":
+            self.auxiliary = MaskedLM(sized(model, generators.electra), self.tokens)
+        elif s.auxiliary == "converged":
+            # Its own frozen copy of the token table: sharing the live one would keep changing it.
+            self.auxiliary = MaskedLM(sized(model, generators.cocolm),
+                                      make_token_embedding(vocab_size, model.embedding))
+            self._load_converged(Path(s.auxiliary_checkpoint))
+        else:
+            self.auxiliary = None
+        self.main = Encoder(model, self.tokens)
+        self.clm_head = LMHead(model.hidden, self.tokens, projection=False, eps=model.layer_norm_eps,
+                               std=model.initializer_range)
+        self.copy_head = BinaryHead(model.hidden, "linear", model.initializer_range)
+
+    def _load_converged(self, path: Path) -> None:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            self.auxiliary.load_state_dict(state)
+        except FileNotFoundError:
+            raise ConfigError(f"auxiliary_checkpoint={str(path)!r}: no such file (train the run that "
+                              f"produces it first)") from None
+        except RuntimeError as e:
+            raise ConfigError(f"auxiliary_checkpoint={str(path)!r} does not fit this auxiliary: {e}") from None
+        self.auxiliary.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> "CocoLM":
+        super().train(mode)
+        if self.settings.auxiliary == "converged":
+            self.auxiliary.eval()   # frozen: always in inference mode
+        return self
+
+    def corrupt(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """X^MLM (Eq. 1) and the auxiliary's MLM loss."""
+        targets = batch.input_ids[batch.mlm_mask]
+        s, aux = self.settings, self.auxiliary
+        if aux is None:   # Table 3 "w. Random Replacements"
+            drawn = random_tokens(targets.numel(), self.vocab_size, targets.device)
+            return replace_masked(batch.input_ids, batch.mlm_mask, drawn), targets.float().sum() * 0, {}
+        if s.auxiliary == "converged":
+            with torch.no_grad():
+                logits = aux(batch)
+            return replace_masked(batch.input_ids, batch.mlm_mask, sample(logits)), logits.sum() * 0, {
+                "aux_acc": accuracy(logits.argmax(-1), targets)}
+        logits = aux(batch)                                               # (M, V), dropout on
+        loss = mlm_loss(logits, targets)
+        sampling_logits = logits
+        if s.sample_without_dropout and aux.training:
+            with torch.no_grad():                                         # App. D: inference mode
+                aux.eval()
+                sampling_logits = aux(batch)
+                aux.train()
+        replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(sampling_logits))
+        return replaced, loss, {"aux_loss": loss.detach(), "aux_acc": accuracy(logits.argmax(-1), targets)}
+
+    def forward(self, batch: Batch, progress: float = 0.0) -> Output:
+        s = self.settings
+        x_mlm, aux_loss, metrics = self.corrupt(batch)
+        is_original = x_mlm == batch.input_ids                            # (B, T)
+        real = batch.attention_mask
+        hidden = self.main(x_mlm, real)[-1]                               # (B, T, H)
+        copy_logit = self.copy_head(hidden)                               # (B, T): logit of p_copy(1|h)
+        loss = aux_loss
+
+        if s.copy_loss:                                                   # Eq. 2
+            copy_loss = F.binary_cross_entropy_with_logits(copy_logit[real].float(), is_original[real].float())
+            loss = loss + s.copy_weight * copy_loss
+            metrics["copy_loss"] = copy_loss.detach()
+        copy_pred = copy_logit > 0
+        metrics["copy_acc_replaced"] = accuracy(copy_pred, is_original, real & ~is_original)
+        metrics["copy_acc_original"] = accuracy(copy_pred, is_original, real & is_original)
+        metrics["replaced_fraction"] = (~is_original)[real].float().mean()
+
+        if s.lm != "none":
+            where = batch.mlm_mask if s.lm == "masked" else real
+            c = copy_logit[where] if s.copy_mechanism else None
+            if c is not None and s.stop_gradient:
+                c = c.detach()
+            lm_logits = self.clm_head(hidden[where])                      # (N, V)
+            lm_loss = -lm_log_prob(lm_logits, c, x_mlm[where], batch.input_ids[where]).mean()
+            loss = loss + lm_loss
+            metrics["lm_loss"] = lm_loss.detach()
+            metrics.update(self._clm_accuracy(hidden, copy_logit, x_mlm, batch.input_ids, is_original, real))
+
+        if s.scl:
+            x_crop, crop_mask = crop(batch.input_ids, real, s.crop_fraction)
+            s_crop = self.main(x_crop, crop_mask)[-1][:, 0]               # [CLS] of X^crop
+            scl, scl_metrics = scl_loss(hidden[:, 0], s_crop, s.scl_temperature)
+            loss = loss + scl
+            metrics.update(scl_metrics)
+        return Output(loss, metrics)
+
+    @torch.no_grad()
+    def _clm_accuracy(self, hidden, copy_logit, x_mlm, x_orig, is_original, real) -> dict[str, torch.Tensor]:
+        """COCO-LM Fig. 8: accuracy of argmax p_LM on replaced tokens and on original tokens.
+        Original tokens are many; a random subset as large as the replaced set estimates theirs."""
+        replaced = real & ~is_original
+        original = real & is_original
+        n = max(int(replaced.sum()), 1)
+        keep = torch.rand(original.shape, device=original.device) < n / max(int(original.sum()), 1)
+        out = {}
+        for name, where in (("replaced", replaced), ("original", original & keep)):
+            c = copy_logit[where] if self.settings.copy_mechanism else None
+            pred = lm_predict(self.clm_head(hidden[where]), c, x_mlm[where])
+            out[f"clm_acc_{name}"] = accuracy(pred, x_orig[where])
+        return out
+
+    def main_encoder(self) -> Encoder:
+        return self.main
+
+    def auxiliary_state(self) -> dict[str, torch.Tensor] | None:
+        return None if self.auxiliary is None else self.auxiliary.state_dict()

@@ -1,0 +1,133 @@
+"""Pieces every pretraining objective shares: the output type, the masked LM, sampling, RTD."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from electralab.batch import Batch
+from electralab.config import EncoderConfig, GeneratorSize
+from electralab.model.encoder import Encoder
+from electralab.model.heads import LMHead
+
+
+@dataclass
+class Output:
+    """What every objective returns: the loss to minimise and named diagnostics (detached scalars)."""
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Objective(nn.Module):
+    """A pretraining method: forward(batch, progress) -> Output; main_encoder() is what we export."""
+
+    Settings: type
+
+    def forward(self, batch: Batch, progress: float = 0.0) -> Output:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def main_encoder(self) -> Encoder:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def auxiliary_state(self) -> dict[str, torch.Tensor] | None:
+        """State of the auxiliary network that other runs load (COCO-LM's converged auxiliary)."""
+        return None
+
+
+def sized(main: EncoderConfig, size: GeneratorSize, **overrides) -> EncoderConfig:
+    """The config of an auxiliary network: the main model's, with the given size fields replaced."""
+    changes = {k: v for k, v in dataclasses.asdict(size).items() if v is not None}
+    changes.update({k: v for k, v in overrides.items() if v is not None})
+    return dataclasses.replace(main, **changes)
+
+
+class MaskedLM(nn.Module):
+    """An encoder with an LM head evaluated only at the masked positions: the vocabulary
+    projection is the most expensive matmul of a small model, so never spend it on the 85%."""
+
+    def __init__(self, cfg: EncoderConfig, tokens: nn.Embedding, *, projection: bool = True, **encoder_kwargs):
+        super().__init__()
+        self.encoder = Encoder(cfg, tokens, **encoder_kwargs)
+        self.head = LMHead(cfg.hidden, tokens, projection=projection, eps=cfg.layer_norm_eps,
+                           std=cfg.initializer_range)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        hidden = self.encoder(batch.masked_ids, batch.attention_mask)
+        return self.head(hidden[-1][batch.mlm_mask])   # (M, V)
+
+
+def gumbel_noise(like: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise in fp32: -log(Exp(1))."""
+    return -torch.empty_like(like, dtype=torch.float32).exponential_().log()
+
+
+def sample(logits: torch.Tensor) -> torch.Tensor:
+    """One token per row from softmax(logits) (Gumbel-max; no gradient)."""
+    with torch.no_grad():
+        return (logits.float() + gumbel_noise(logits)).argmax(-1)
+
+
+def replace_masked(input_ids: torch.Tensor, mlm_mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """X^orig with the masked positions replaced by `tokens` (M,)."""
+    out = input_ids.clone()
+    out[mlm_mask] = tokens
+    return out
+
+
+def random_tokens(count: int, vocab_size: int, device: torch.device, first: int = 5) -> torch.Tensor:
+    """Uniform draws over the non-special vocabulary (ids >= 5)."""
+    return torch.randint(first, vocab_size, (count,), device=device)
+
+
+class _GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, multiplier: float) -> torch.Tensor:
+        ctx.multiplier = multiplier
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return -ctx.multiplier * grad, None
+
+
+def grad_reverse(x: torch.Tensor, multiplier: float = 1.0) -> torch.Tensor:
+    """Identity forward; gradient multiplied by -multiplier backward (Ganin et al. 2016)."""
+    return _GradReverse.apply(x, multiplier)
+
+
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the masked positions; 0 (with a graph) when nothing is masked."""
+    if targets.numel() == 0:
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits.float(), targets)
+
+
+def accuracy(pred: torch.Tensor, target: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of pred == target over `where` (NaN when empty: 'no such tokens in this batch')."""
+    hit = (pred == target)
+    if where is not None:
+        hit = hit[where]
+    return hit.float().mean() if hit.numel() else torch.tensor(float("nan"), device=pred.device)
+
+
+def rtd(logits: torch.Tensor, is_replaced: torch.Tensor, attention_mask: torch.Tensor,
+        prefix: str = "rtd") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Replaced token detection: BCE on every real token; logit > 0 means "replaced".
+
+    Returns the mean loss and the diagnostics the papers plot: accuracy on replaced and on
+    original tokens (AMOS Fig. 3b) and the fraction of tokens replaced.
+    """
+    logits, target = logits[attention_mask].float(), is_replaced[attention_mask]
+    loss = F.binary_cross_entropy_with_logits(logits, target.float())
+    pred = logits > 0
+    metrics = {
+        f"{prefix}_loss": loss.detach(),
+        f"{prefix}_acc_replaced": accuracy(pred, target, target),
+        f"{prefix}_acc_original": accuracy(pred, target, ~target),
+        "replaced_fraction": target.float().mean(),
+    }
+    return loss, metrics

@@ -1,0 +1,61 @@
+"""ELECTRA (Clark et al. 2020): a small generator trained by MLM corrupts the input; the main
+model (discriminator) detects replaced tokens.
+
+    X^rep_i ~ p_G(x | X^mask) for i in M, X^rep_i = x_i^orig elsewhere
+    L = L_MLM(G) + lambda * L_RTD(D),  lambda = 50
+
+The generator has the main model's depth and 1/3 (base) or 1/4 (small) of its width, shares the
+token embeddings, keeps dropout on, and receives no gradient from the discriminator (sampling is
+discrete). A sample equal to the original token counts as original (ELECTRA Sec. 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from electralab.batch import Batch
+from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig, bounded
+from electralab.model.encoder import Encoder, make_token_embedding
+from electralab.model.heads import BinaryHead
+from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, mlm_loss, replace_masked,
+                                          rtd, sample, sized)
+
+
+def _electra_masking() -> MaskingConfig:
+    # ELECTRA's released pretrain_helpers.mask: 85% of selected positions -> [MASK], 15% kept, none random.
+    return MaskingConfig(mask_prob=0.15, mask_token_prob=0.85, random_token_prob=0.0)
+
+
+@dataclass(frozen=True)
+class Settings:
+    masking: MaskingConfig = field(default_factory=_electra_masking)
+    rtd_weight: float = bounded(50.0, lo=0.0)     # lambda (ELECTRA Sec. 3.2)
+    rtd_head: Literal["mlp", "linear"] = "mlp"   # ELECTRA's released head: dense -> GELU -> dense
+
+
+class Electra(Objective):
+    Settings = Settings
+
+    def __init__(self, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int, settings: Settings):
+        super().__init__()
+        self.settings = settings
+        self.tokens = make_token_embedding(vocab_size, model.embedding, model.initializer_range)
+        self.generator = MaskedLM(sized(model, generators.electra), self.tokens)
+        self.discriminator = Encoder(model, self.tokens)
+        self.rtd_head = BinaryHead(model.hidden, settings.rtd_head, model.initializer_range)
+
+    def forward(self, batch: Batch, progress: float = 0.0) -> Output:
+        logits = self.generator(batch)                                  # (M, V)
+        targets = batch.input_ids[batch.mlm_mask]                       # (M,)
+        gen_loss = mlm_loss(logits, targets)
+        replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(logits))
+        is_replaced = replaced != batch.input_ids                       # a lucky sample is "original"
+        hidden = self.discriminator(replaced, batch.attention_mask)[-1]
+        rtd_loss, metrics = rtd(self.rtd_head(hidden), is_replaced, batch.attention_mask)
+        loss = gen_loss + self.settings.rtd_weight * rtd_loss
+        metrics.update(gen_loss=gen_loss.detach(), gen_acc=accuracy(logits.argmax(-1), targets))
+        return Output(loss, metrics)
+
+    def main_encoder(self) -> Encoder:
+        return self.discriminator
