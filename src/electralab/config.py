@@ -28,9 +28,7 @@ from typing import Any, Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """Bad configuration: the message names the key path, the value and what is allowed."""
+from electralab.errors import ConfigError
 
 
 def _range(lo: float | None = None, hi: float | None = None) -> dict:

@@ -21,7 +21,9 @@ Every Table 2/8/9 ablation is a Settings switch; docs/methods.md maps rows to va
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -47,6 +49,8 @@ class Settings:
     # "fixed" (constant weights, e.g. a finished AMOS run's: Table 8 "w. final mix weights").
     mixture: Literal["adversarial", "uniform", "random_layer", "layer_switch", "fixed"] = "adversarial"
     fixed_weights: tuple[float, ...] | None = None
+    # ... or read them from a finished AMOS run's metrics file (its mix_weight_<exit> values).
+    fixed_weights_from: str | None = None
     # "+ adv. MLM": the exits' embeddings h also get the reversed gradient, scaled (0.1 in Sec. 5.1).
     adversarial_mlm_multiplier: float = bounded(0.0, lo=0.0)
     # Separate generators of these depths instead of one multi-exit generator
@@ -66,13 +70,29 @@ class Settings:
                 and max(self.exits) > self.generator_layers:
             raise ConfigError(f"{where}.exits={list(self.exits)}: an exit above generator_layers="
                               f"{self.generator_layers}")
-        if self.mixture == "fixed":
+        if self.mixture == "fixed" and self.fixed_weights_from is None:
             if self.fixed_weights is None or len(self.fixed_weights) != len(depths):
                 raise ConfigError(f"{where}.fixed_weights: give one weight per exit ({len(depths)}) "
                                   f"when mixture='fixed'")
             if any(w < 0 for w in self.fixed_weights) or sum(self.fixed_weights) <= 0:
                 raise ConfigError(f"{where}.fixed_weights={list(self.fixed_weights)}: weights must be "
                                   f">= 0 with a positive sum")
+
+
+def read_mixture_weights(path: str, exit_names: list[str]) -> tuple[float, ...]:
+    """The final mixture weights a finished AMOS run logged (metrics/pretrain/<run>.json)."""
+    try:
+        metrics = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"fixed_weights_from={path!r}: no such file (train the AMOS run first)") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"fixed_weights_from={path!r}: not JSON ({e})") from None
+    keys = [f"mix_weight_{name}" for name in exit_names]
+    missing = [k for k in keys if k not in metrics]
+    if missing:
+        raise ConfigError(f"fixed_weights_from={path!r} has no {missing[0]!r}: it must be a metrics file "
+                          f"of an AMOS run with the same exits")
+    return tuple(float(metrics[k]) for k in keys)
 
 
 class Amos(Objective):
@@ -96,6 +116,9 @@ class Amos(Objective):
             self.generators = nn.ModuleList([Encoder(c, self.tokens) for c in cfgs])
             self.heads = nn.ModuleList([self._head(c) for c in cfgs])   # separate generators, own heads
             self.exit_names = [f"gen{i}" for i in range(1, len(cfgs) + 1)]
+        self.fixed_weights = s.fixed_weights
+        if s.mixture == "fixed" and s.fixed_weights_from is not None:
+            self.fixed_weights = read_mixture_weights(s.fixed_weights_from, self.exit_names)
         if s.mixture == "adversarial":   # v of Eq. 3 (zeros: the mixture starts uniform)
             self.mixture_v = nn.Parameter(torch.zeros(model.hidden))
         self.discriminator = Encoder(model, self.tokens)
@@ -128,7 +151,7 @@ class Amos(Objective):
             return F.one_hot(torch.randint(K, (M,), device=f.device), K).to(f.dtype)
         if s.mixture == "layer_switch":    # shallow -> deep at equal thirds (AMOS Sec. 5.1)
             return F.one_hot(torch.full((M,), min(int(progress * K), K - 1), device=f.device), K).to(f.dtype)
-        w = torch.tensor(s.fixed_weights, dtype=f.dtype, device=f.device)
+        w = torch.tensor(self.fixed_weights, dtype=f.dtype, device=f.device)
         return (w / w.sum()).expand(M, K)
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:

@@ -1,0 +1,12 @@
+"""Errors a stage reports as one clear line (exit 2) instead of a traceback."""
+
+
+class ConfigError(ValueError):
+    """Bad configuration or input: the message names the key path or file, the value and what is allowed."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss (or gradient norm) stopped being finite; the message names the run, step and checkpoint."""
+
+
+EXPECTED_ERRORS = (ConfigError, TrainingDiverged)

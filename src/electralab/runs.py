@@ -1,0 +1,150 @@
+"""The registry of named pretraining runs: one per row of the papers' tables and figures.
+
+params.yaml `runs:` maps a run name to its method, the switches that make it that row, the tables
+and figures it belongs to, and (for runs built on another run's output) the path it reads:
+
+    cocolm_converged_aux:
+      method: cocolm
+      tables: [coco-lm/table3]
+      settings: {auxiliary: converged, auxiliary_checkpoint: models/cocolm/auxiliary.pt}
+      reads: models/cocolm          # DVC dependency: pretrain@cocolm runs first
+
+A run resolves to everything its pretraining needs: method settings (methods.<method> defaults,
+then the run's `settings`), the encoder (the preset's `model`, then the run's `model`), generator
+sizes and the pretraining schedule of the active preset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from electralab.config import (ConfigError, EncoderConfig, GeneratorSizes, Params, PretrainConfig, build, to_dict)
+from electralab.objectives import METHODS, method_settings
+
+# Every table and figure whose rows are pretraining runs (the report's table specs use the same keys).
+TABLES = (
+    "coco-lm/table1", "coco-lm/table3", "coco-lm/fig3", "coco-lm/fig4", "coco-lm/fig7", "coco-lm/fig8",
+    "amos/table1", "amos/table2", "amos/table8", "amos/table9", "amos/fig3", "amos/fig4",
+    "teams/table1", "teams/table2", "teams/table3", "teams/table4", "teams/fig4", "teams/fig5",
+)
+
+DEFAULT_READS = "data/shards"   # every run reads the shards; a dependent run names another output
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    method: str
+    tables: tuple[str, ...]
+    settings: dict[str, Any] = field(default_factory=dict)   # overrides of methods.<method>
+    model: dict[str, Any] = field(default_factory=dict)      # overrides of the preset's model
+    reads: str = DEFAULT_READS                               # another run's output this run needs
+    seed: int | None = None                                  # None: the preset's pretrain.seed
+    description: str = ""
+
+    def check(self, where: str) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"{where}.method={self.method!r} is not a method; choose one of {list(METHODS)}")
+        for table in self.tables:
+            if table not in TABLES:
+                raise ConfigError(f"{where}.tables: {table!r} is not a table; known: {', '.join(TABLES)}")
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    name: str
+    spec: RunSpec
+    preset: str
+    settings: Any                 # the method's Settings dataclass
+    model: EncoderConfig
+    generators: GeneratorSizes
+    pretrain: PretrainConfig
+
+    @property
+    def method(self) -> str:
+        return self.spec.method
+
+    @property
+    def seed(self) -> int:
+        return self.pretrain.seed if self.spec.seed is None else self.spec.seed
+
+    def as_params(self) -> dict[str, Any]:
+        """Everything that defines the run, as a nested plain dict (MLflow params, checkpoint meta)."""
+        return {"run": self.name, "method": self.method, "preset": self.preset, "seed": self.seed,
+                "tables": list(self.spec.tables), "settings": to_dict(self.settings),
+                "model": to_dict(self.model), "generators": to_dict(self.generators),
+                "pretrain": to_dict(self.pretrain)}
+
+
+def producer_of(reads: str) -> str | None:
+    """The run whose output `reads` names (models/<run>/..., metrics/pretrain/<run>.json), or None."""
+    parts = reads.split("/")
+    if len(parts) >= 2 and parts[0] == "models":
+        return parts[1]
+    if len(parts) == 3 and parts[:2] == ["metrics", "pretrain"]:
+        return parts[2].removesuffix(".json")
+    return None
+
+
+def _merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def run_specs(params: Params) -> dict[str, RunSpec]:
+    return {name: build(RunSpec, value, f"runs.{name}") for name, value in params.runs.items()}
+
+
+def resolve_run(params: Params, name: str) -> ResolvedRun:
+    if name not in params.runs:
+        known = ", ".join(sorted(params.runs)) or "(none)"
+        raise ConfigError(f"run {name!r} is not in params.yaml runs; known runs: {known}")
+    where = f"runs.{name}"
+    spec = build(RunSpec, params.runs[name], where)
+    defaults = params.methods.get(spec.method) or {}
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"methods.{spec.method}: expected a mapping of settings")
+    settings = method_settings(spec.method, _merge(defaults, spec.settings), f"{where}.settings")
+    preset = params.active
+    model = build(EncoderConfig, _merge(to_dict(preset.model), spec.model), f"{where}.model")
+    pretrain = preset.pretrain
+    return ResolvedRun(name, spec, params.preset, settings, model, preset.generators, pretrain)
+
+
+def resolve_all(params: Params) -> dict[str, ResolvedRun]:
+    """Every run of the registry, resolved (a config error in any run stops with its key path)."""
+    runs = {name: resolve_run(params, name) for name in params.runs}
+    for name, run in runs.items():
+        reads = run.spec.reads
+        if reads != DEFAULT_READS:
+            if producer_of(reads) not in runs or producer_of(reads) == name:
+                raise ConfigError(f"runs.{name}.reads={reads!r} is not the output of a run in the registry "
+                                  f"(use models/<run>[/...] or metrics/pretrain/<run>.json)")
+    return runs
+
+
+def runs_for_tables(params: Params, tables: list[str]) -> list[str]:
+    """The runs a set of tables needs, with the runs they read from (dependencies first)."""
+    unknown = [t for t in tables if t not in TABLES]
+    if unknown:
+        raise ConfigError(f"table {unknown[0]!r} is not a table; known: {', '.join(TABLES)}")
+    specs = run_specs(params)
+    chosen = [name for name, spec in specs.items() if set(spec.tables) & set(tables)]
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        producer = producer_of(specs[name].reads)
+        if producer in specs and producer not in ordered:
+            visit(producer)
+        if name not in ordered:
+            ordered.append(name)
+
+    for name in chosen:
+        visit(name)
+    return ordered
+
+
+__all__ = ["TABLES", "RunSpec", "ResolvedRun", "producer_of", "resolve_run", "resolve_all", "run_specs",
+           "runs_for_tables"]

@@ -1,0 +1,101 @@
+"""MLflow tracking contracts (DESIGN.md):
+
+* Tracking URI: $MLFLOW_TRACKING_URI when set, else an absolute sqlite:///<project root>/mlflow.db
+  (anchored on DVC_ROOT under DVC: relative paths break inside Ray workers and DVC temp experiments);
+  artifacts under <project root>/mlartifacts.
+* One experiment per preset ("electralab-<preset>"). Tags on every run: run, method, tables, preset,
+  git_sha, dvc_exp, seed (+ stage: pretrain | finetune | report).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any, Iterable
+
+from electralab.env import repo_root
+
+EXPERIMENT_PREFIX = "electralab-"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def experiment_name(preset: str) -> str:
+    return f"{EXPERIMENT_PREFIX}{preset}"
+
+
+def _mlflow():
+    import mlflow  # imported lazily: start-up time matters for small stages and tests
+
+    mlflow.set_tracking_uri(tracking_uri())
+    return mlflow
+
+
+def ensure_experiment(preset: str) -> str:
+    """The experiment id for a preset, created on first use with a local artifact store."""
+    mlflow = _mlflow()
+    name = experiment_name(preset)
+    found = mlflow.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if tracking_uri().startswith("sqlite:"):
+        location = (repo_root() / "mlartifacts" / name).as_uri()
+    try:
+        return mlflow.create_experiment(name, artifact_location=location)
+    except Exception:  # created concurrently by another process (parallel stages)
+        found = mlflow.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_tags(*, run: str, method: str, tables: Iterable[str], preset: str, seed: int, stage: str,
+             **extra: Any) -> dict[str, str]:
+    tags = {"run": run, "method": method, "tables": ",".join(tables), "preset": preset, "git_sha": git_sha(),
+            "dvc_exp": os.environ.get("DVC_EXP_NAME", ""), "seed": str(seed), "stage": stage}
+    tags.update({k: str(v) for k, v in extra.items()})
+    return tags
+
+
+def flat_params(nested: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested dict -> {"a.b": "value"} with MLflow's 6000-character value limit respected."""
+    out: dict[str, str] = {}
+    for k, v in nested.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flat_params(v, key))
+        else:
+            out[key] = str(v)[:6000]
+    return out
+
+
+def finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """MLflow rejects NaN in some stores and plots it poorly: drop non-finite values."""
+    return {k: float(v) for k, v in metrics.items() if v == v and abs(float(v)) != float("inf")}
+
+
+def start_run(*, preset: str, run_name: str, tags: dict[str, str], run_id: str | None = None,
+              nested: bool = False, system_metrics: bool = False):
+    """Start (or resume, given run_id) an MLflow run; use as a context manager."""
+    mlflow = _mlflow()
+    experiment_id = ensure_experiment(preset)
+    if run_id is not None:
+        return mlflow.start_run(run_id=run_id, log_system_metrics=system_metrics)
+    return mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags, nested=nested,
+                            log_system_metrics=system_metrics)
+
+
+def mlflow_module():
+    """The mlflow module, pointed at this project's tracking store."""
+    return _mlflow()

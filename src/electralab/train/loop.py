@@ -1,0 +1,285 @@
+"""The pretraining loop: one process, or one rank of a Ray Train / DDP job.
+
+    summary = pretrain(run, shards_dir, out_dir, scratch_dir)
+
+Reads top-down: build the objective, optimizer and schedule; restore the last checkpoint; then per
+step accumulate gradients over micro-batches, clip, check the loss is finite, step, log, checkpoint.
+At the end the main encoder, its Hugging Face export, the auxiliary (where others need it), the
+fraction checkpoints and a summary are written to out_dir in one atomic rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from electralab.batch import Batch
+from electralab.config import PretrainConfig
+from electralab.errors import ConfigError, TrainingDiverged
+from electralab.data.loader import PretrainLoader
+from electralab.export import huggingface_compatible, save_encoder, save_huggingface
+from electralab.io import atomic_dir, read_json, write_json
+from electralab.model.encoder import count_parameters
+from electralab.objectives import Objective, build_objective
+from electralab.runs import ResolvedRun
+from electralab.train.checkpoint import Checkpointer, fingerprint, write_meta
+from electralab.train.perf import count_flops, peak_flops
+from electralab.train.tracker import Tracker
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process sits in a data-parallel job (rank 0 of 1 when run in-process)."""
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Path, *,
+             vocab_model: Path | None = None, dist: Dist = Dist(), show_progress: bool = True) -> dict[str, Any]:
+    cfg = run.pretrain
+    device = choose_device(cfg, dist)
+    accumulation = accumulation_steps(cfg, dist.world_size)
+    manifest = read_json(Path(shards_dir) / "manifest.json")
+    vocab_size = int(manifest["vocab_size"])
+    checkpointer = Checkpointer(scratch_dir, fingerprint(run.as_params(), manifest.get("config_hash"),
+                                                         dist.world_size))
+
+    torch.manual_seed(run.seed)   # identical initial weights on every rank
+    objective = build_objective(run.method, run.settings, run.model, run.generators, vocab_size).to(device)
+    model = wrap_ddp(objective, device) if dist.world_size > 1 else objective
+    optimizer = make_optimizer(objective, cfg)
+    schedule = make_schedule(optimizer, cfg)
+    loader = PretrainLoader(shards_dir, "train", micro_batch_size=cfg.micro_batch_size, seed=run.seed,
+                            masking=run.settings.masking, rank=dist.rank, world_size=dist.world_size)
+
+    state = checkpointer.load()
+    if state is None:
+        checkpointer.clear()      # nothing of a different configuration survives
+        step, elapsed, last_logged = 0, 0.0, {}
+    else:
+        objective.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        loader.load_state_dict(state["loader"])
+        step, elapsed, last_logged = state["step"], state["elapsed"], state["last_logged"]
+    tracker = Tracker.start(run, resume_id=state and state.get("mlflow_run_id")) if dist.is_main else None
+
+    tokens_per_step = cfg.batch_size * int(manifest["seq_len"])
+    fraction_steps = {max(1, round(f * cfg.steps)): f for f in cfg.checkpoint_fractions}
+    devices = dist.world_size
+    peak = peak_flops(device)
+    meter = Meter()
+    flops_per_step: float | None = None
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"pretrain {run.name}", unit="step",
+               disable=not (show_progress and dist.is_main), dynamic_ncols=True)
+    window_start, window_steps = time.perf_counter(), 0
+    objective.train()
+    try:
+        while step < cfg.steps:
+            seed_step(run.seed, step, dist.rank)
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(accumulation):
+                batch = next(loader).to(device, non_blocking=True)
+
+                def forward_backward(batch: Batch = batch, last: bool = micro == accumulation - 1):
+                    with sync_gradients(model, last), autocast(device):
+                        out = model(batch, progress=step / cfg.steps)
+                        (out.loss / accumulation).backward()
+                    return out
+
+                if flops_per_step is None:   # count the model FLOPs of one micro-batch, once
+                    out, flops = count_flops(forward_backward)
+                    flops_per_step = float(flops) * accumulation * dist.world_size
+                else:
+                    out = forward_backward()
+                loss_sum += out.loss.detach()
+                meter.add(out.metrics)
+            grad_norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), cfg.clip_norm)
+            loss = float(loss_sum) / accumulation
+            if not (math.isfinite(loss) and math.isfinite(float(grad_norm))):
+                raise TrainingDiverged(
+                    f"run {run.name}: loss={loss} grad_norm={float(grad_norm)} at step {step + 1}; the last "
+                    f"good checkpoint is kept in {checkpointer.state_path}")
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            window_steps += 1
+            meter.add({"loss": torch.tensor(loss), "grad_norm": grad_norm.detach().float()})
+            bar.update(1)
+
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                seconds = time.perf_counter() - window_start
+                elapsed += seconds
+                speed = {"tokens_per_s": tokens_per_step * window_steps / seconds,
+                         "step_time_s": seconds / window_steps, "lr": schedule.get_last_lr()[0],
+                         "wall_hours": elapsed / 3600, "device_hours": elapsed * devices / 3600}
+                if flops_per_step and peak:
+                    speed["mfu"] = flops_per_step * window_steps / seconds / (peak * devices)
+                logged = {**meter.means(), **speed}
+                meter.reset()
+                if tracker:
+                    tracker.log(logged, step)
+                bar.set_postfix(loss=f"{logged['loss']:.3f}", tok_s=f"{speed['tokens_per_s']:.0f}")
+                last_logged = logged
+                window_start, window_steps = time.perf_counter(), 0
+
+            if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
+                checkpointer.save({"model": objective.state_dict(), "optimizer": optimizer.state_dict(),
+                                   "schedule": schedule.state_dict(), "loader": loader.state_dict(),
+                                   "step": step, "elapsed": elapsed, "last_logged": last_logged,
+                                   "mlflow_run_id": tracker.run_id if tracker else None})
+            if dist.is_main and step in fraction_steps:
+                save_fraction(checkpointer, objective, fraction_steps[step], step, elapsed, devices)
+    except BaseException as error:
+        bar.close()
+        if tracker:
+            tracker.fail(error)
+        raise
+    bar.close()
+
+    summary = {**last_logged, "steps": step, "tokens": step * tokens_per_step,
+               "flops_per_step": flops_per_step or 0.0, "params_main": count_parameters(objective.main_encoder()),
+               "params_total": count_parameters(objective), "devices": devices,
+               "wall_hours": elapsed / 3600, "device_hours": elapsed * devices / 3600}
+    if dist.is_main:
+        write_outputs(objective, out_dir, checkpointer, summary, vocab_model)
+        tracker.finish(summary, out_dir)
+        print(f"pretrain {run.name}: {step} steps, loss {summary['loss']:.4f}, "
+              f"{summary['tokens_per_s']:.0f} tokens/s, {summary['wall_hours'] * 60:.1f} min -> {out_dir}")
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# The pieces, in the order the loop uses them
+# --------------------------------------------------------------------------------------------
+
+def choose_device(cfg: PretrainConfig, dist: Dist) -> torch.device:
+    if not cfg.use_gpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("pretrain.use_gpu=true but no CUDA device is visible; set "
+                          "presets.<preset>.pretrain.use_gpu=false to train on the CPU")
+    torch.cuda.set_device(dist.local_rank)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return torch.device("cuda", dist.local_rank)
+
+
+def accumulation_steps(cfg: PretrainConfig, world_size: int) -> int:
+    per_step = cfg.micro_batch_size * world_size
+    if cfg.batch_size % per_step:
+        raise ConfigError(f"pretrain.batch_size={cfg.batch_size} is not a multiple of micro_batch_size="
+                          f"{cfg.micro_batch_size} x num_workers={world_size}")
+    return cfg.batch_size // per_step
+
+
+def wrap_ddp(objective: Objective, device: torch.device) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def make_optimizer(objective: Objective, cfg: PretrainConfig) -> torch.optim.AdamW:
+    """AdamW with the papers' betas/eps; no weight decay on biases and LayerNorm (BERT)."""
+    decay, no_decay = [], []
+    for name, p in objective.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = all(p.is_cuda for p in decay + no_decay)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, fused=fused)
+
+
+def make_schedule(optimizer: torch.optim.Optimizer, cfg: PretrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup to the peak LR, then linear decay to zero at the last step."""
+    warmup, total = cfg.warmup_steps, cfg.steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Reseed every RNG from (seed, step, rank): dropout and sampling after a resume repeat exactly."""
+    value = int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+    torch.manual_seed(value)
+
+
+def sync_gradients(model: torch.nn.Module, last_micro_batch: bool):
+    """DDP all-reduces gradients only on the last micro-batch of a step."""
+    if hasattr(model, "no_sync") and not last_micro_batch:
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA only: on these CPUs bf16 matmuls are ~300x slower than fp32."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class Meter:
+    """Running means of scalar tensors (NaN = "no such tokens in this batch" is skipped)."""
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, torch.Tensor] = {}
+
+    def add(self, metrics: dict[str, torch.Tensor]) -> None:
+        for k, v in metrics.items():
+            v = v.detach().float()
+            ok = ~torch.isnan(v)
+            self.sums[k] = self.sums.get(k, 0) + torch.where(ok, v, torch.zeros_like(v))
+            self.counts[k] = self.counts.get(k, 0) + ok.float()
+
+    def means(self) -> dict[str, float]:
+        return {k: float(self.sums[k] / self.counts[k]) for k in self.sums if float(self.counts[k]) > 0}
+
+    def reset(self) -> None:
+        self.sums.clear()
+        self.counts.clear()
+
+
+def save_fraction(checkpointer: Checkpointer, objective: Objective, fraction: float, step: int,
+                  elapsed: float, devices: int) -> None:
+    directory = checkpointer.fraction_dir(fraction)
+    save_encoder(objective.main_encoder(), directory / "encoder")
+    write_meta(directory, {"fraction": fraction, "step": step, "wall_hours": elapsed / 3600,
+                           "device_hours": elapsed * devices / 3600})
+
+
+def write_outputs(objective: Objective, out_dir: Path, checkpointer: Checkpointer, summary: dict,
+                  vocab_model: Path | None) -> None:
+    """models/<run>/: encoder/ (ours), hf/ (transformers, absolute positions only), auxiliary.pt,
+    fractions/<pct>/, summary.json, written in one atomic rename; then the scratch is cleared."""
+    encoder = objective.main_encoder()
+    with atomic_dir(out_dir) as tmp:
+        save_encoder(encoder, tmp / "encoder", vocab_model)
+        if huggingface_compatible(encoder.cfg):
+            save_huggingface(encoder, tmp / "hf", vocab_model)
+        auxiliary = objective.auxiliary_state()
+        if auxiliary is not None:
+            torch.save({k: v.detach().cpu() for k, v in auxiliary.items()}, tmp / "auxiliary.pt")
+        for fraction in checkpointer.fractions():
+            shutil.copytree(fraction, tmp / "fractions" / fraction.name)
+        write_json(tmp / "summary.json", summary)
+    checkpointer.clear()
