@@ -1,0 +1,214 @@
+"""Benchmark: our ELECTRA training step against Hugging Face transformers' ELECTRA, side by side in
+one process, identical configuration.
+
+    python bench/train_step.py                       # CPU, ELECTRA-Small, seq 128, batch 32, fp32
+    python bench/train_step.py --device cuda --bf16  # GPU: the same comparison under bf16 autocast
+    python bench/train_step.py --device cuda --bf16 --config base --seq-len 512 --batch-size 32 --ours-only
+
+Peer: ElectraForMaskedLM (generator) + ElectraForPreTraining (discriminator) with tied embeddings,
+the same sampling and a 50x RTD weight; both use AdamW. Reported: tokens/s, step time, executed
+GFLOP/s (FlopCounterMode: matmuls and attention, forward + backward) and, against the device's peak
+(the measured fp32 matmul peak on CPU, the data-sheet bf16 peak on GPU), model FLOP utilisation.
+Peak memory per implementation comes from a child process each (RSS on CPU, max allocated on GPU).
+Results are printed and written to bench/out/train_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from electralab import MASK_ID  # noqa: E402
+from electralab.batch import Batch  # noqa: E402
+from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes  # noqa: E402
+from electralab.objectives.electra import Electra, Settings  # noqa: E402
+from electralab.train.perf import count_flops, peak_flops  # noqa: E402
+
+CONFIGS = {
+    # ELECTRA-Small (Clark et al. 2020 Table 6; TEAMS Table 5): generator 1/4 width.
+    "small": (EncoderConfig(hidden=256, layers=12, heads=4, ffn=1024, embedding=128, relative_positions=False),
+              GeneratorSize(hidden=64, heads=1, ffn=256)),
+    # BERT-base main model, ELECTRA-Base generator (1/3 width).
+    "base": (EncoderConfig(hidden=768, layers=12, heads=12, ffn=3072, embedding=768, relative_positions=False),
+             GeneratorSize(hidden=256, heads=4, ffn=1024)),
+}
+
+
+def make_batch(batch_size: int, seq_len: int, vocab: int, device: torch.device, seed: int = 0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (batch_size, seq_len), generator=g)
+    ids[:, 0], ids[:, -1] = 2, 3
+    attention = torch.ones_like(ids, dtype=torch.bool)
+    mlm = torch.rand(ids.shape, generator=g) < 0.15
+    masked = torch.where(mlm & (torch.rand(ids.shape, generator=g) < 0.85), torch.full_like(ids, MASK_ID), ids)
+    return Batch(ids, attention, masked, mlm).to(device)
+
+
+class Ours:
+    name = "electralab"
+
+    def __init__(self, main: EncoderConfig, gen: GeneratorSize, vocab: int, device: torch.device):
+        self.model = Electra(main, GeneratorSizes(electra=gen), vocab, Settings()).to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+
+    def step(self, batch: Batch, autocast) -> float:
+        with autocast():
+            loss = self.model(batch).loss
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(loss)
+
+
+class HuggingFace:
+    name = "transformers"
+
+    def __init__(self, main: EncoderConfig, gen: GeneratorSize, vocab: int, device: torch.device):
+        from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
+
+        common = dict(vocab_size=vocab, embedding_size=main.embedding, max_position_embeddings=main.max_positions,
+                      hidden_dropout_prob=main.dropout, attention_probs_dropout_prob=main.attention_dropout,
+                      layer_norm_eps=main.layer_norm_eps, hidden_act="gelu")
+        disc_cfg = ElectraConfig(hidden_size=main.hidden, num_hidden_layers=main.layers,
+                                 num_attention_heads=main.heads, intermediate_size=main.ffn, **common)
+        gen_cfg = ElectraConfig(hidden_size=gen.hidden, num_hidden_layers=main.layers,
+                                num_attention_heads=gen.heads, intermediate_size=gen.ffn, **common)
+        self.disc = ElectraForPreTraining(disc_cfg).to(device)
+        self.gen = ElectraForMaskedLM(gen_cfg).to(device)
+        # ELECTRA ties the generator's and discriminator's embeddings (and the generator's LM head).
+        self.gen.electra.embeddings = self.disc.electra.embeddings
+        self.gen.generator_lm_head.weight = self.disc.electra.embeddings.word_embeddings.weight
+        params = {id(p): p for m in (self.disc, self.gen) for p in m.parameters()}
+        self.opt = torch.optim.AdamW(params.values(), lr=1e-4)
+
+    def step(self, batch: Batch, autocast) -> float:
+        labels = batch.input_ids.masked_fill(~batch.mlm_mask, -100)
+        with autocast():
+            gen = self.gen(input_ids=batch.masked_ids, attention_mask=batch.attention_mask.long(), labels=labels)
+            with torch.no_grad():
+                logits = gen.logits[batch.mlm_mask].float()
+                sampled = (logits - torch.empty_like(logits).exponential_().log()).argmax(-1)
+            replaced = batch.input_ids.clone()
+            replaced[batch.mlm_mask] = sampled
+            disc = self.disc(input_ids=replaced, attention_mask=batch.attention_mask.long(),
+                             labels=(replaced != batch.input_ids).long())
+            loss = gen.loss + 50.0 * disc.loss
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(loss)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(impls, batch, autocast, steps: int, device: torch.device) -> dict[str, list[float]]:
+    """Interleave the implementations step by step so drift affects both alike."""
+    times = {impl.name: [] for impl in impls}
+    for _ in range(steps):
+        for impl in impls:
+            sync(device)
+            start = time.perf_counter()
+            impl.step(batch, autocast)
+            sync(device)
+            times[impl.name].append(time.perf_counter() - start)
+    return times
+
+
+def peak_memory(args, which: str) -> float:
+    """Peak memory (MB) of `which` in a fresh child process: RSS on CPU, max allocated on GPU."""
+    cmd = [sys.executable, __file__, "--memory-probe", which, "--device", args.device, "--config", args.config,
+           "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--vocab", str(args.vocab)]
+    if args.bf16:
+        cmd.append("--bf16")
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--config", default="small", choices=sorted(CONFIGS))
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--vocab", type=int, default=30522)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA only)")
+    ap.add_argument("--ours-only", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="torch.compile our objective")
+    ap.add_argument("--memory-probe", choices=["electralab", "transformers"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    main_cfg, gen_cfg = CONFIGS[args.config]
+    batch = make_batch(args.batch_size, args.seq_len, args.vocab, device)
+
+    def autocast():
+        if args.bf16 and device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    if args.memory_probe:
+        impl = (Ours if args.memory_probe == "electralab" else HuggingFace)(main_cfg, gen_cfg, args.vocab, device)
+        for _ in range(2):
+            impl.step(batch, autocast)
+        if device.type == "cuda":
+            print(torch.cuda.max_memory_allocated() / 2**20)
+        else:
+            print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        return
+
+    impls = [Ours(main_cfg, gen_cfg, args.vocab, device)]
+    if args.compile:
+        impls[0].model = torch.compile(impls[0].model)
+    if not args.ours_only:
+        impls.append(HuggingFace(main_cfg, gen_cfg, args.vocab, device))
+    flops = {}
+    for impl in impls:   # warm-up step doubles as the FLOP count
+        _, flops[impl.name] = count_flops(lambda: impl.step(batch, autocast))
+    times = time_steps(impls, batch, autocast, args.steps, device)
+    peak = peak_flops(device)
+    tokens = args.batch_size * args.seq_len
+    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "threads": torch.get_num_threads(), "config": args.config, "seq_len": args.seq_len,
+               "batch_size": args.batch_size, "vocab": args.vocab, "bf16": args.bf16,
+               "peak_flops": peak, "impls": {}}
+    for impl in impls:
+        t = statistics.median(times[impl.name])
+        results["impls"][impl.name] = {
+            "step_s": t, "tokens_per_s": tokens / t, "flops_per_step": flops[impl.name],
+            "gflops_per_s": flops[impl.name] / t / 1e9, "mfu": flops[impl.name] / t / peak if peak else None,
+            "peak_memory_mb": peak_memory(args, impl.name), "step_times": times[impl.name]}
+    print(f"device={results['device']} threads={results['threads']} config={args.config} seq={args.seq_len} "
+          f"batch={args.batch_size} vocab={args.vocab} bf16={args.bf16} peak={peak / 1e9 if peak else 0:.1f} GFLOP/s")
+    print(f"{'impl':<14}{'step s':>9}{'tokens/s':>11}{'GFLOP/step':>12}{'GFLOP/s':>10}{'MFU':>8}{'peak MB':>10}")
+    for name, r in results["impls"].items():
+        mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "-"
+        print(f"{name:<14}{r['step_s']:>9.3f}{r['tokens_per_s']:>11.0f}{r['flops_per_step'] / 1e9:>12.1f}"
+              f"{r['gflops_per_s']:>10.1f}{mfu:>8}{r['peak_memory_mb']:>10.0f}")
+    if "transformers" in results["impls"]:
+        speedup = results["impls"]["electralab"]["tokens_per_s"] / results["impls"]["transformers"]["tokens_per_s"]
+        results["speedup"] = speedup
+        print(f"speedup (tokens/s, electralab / transformers): {speedup:.2f}x")
+    out = ROOT / "bench" / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"train_step_{args.device.split(':')[0]}_{args.config}_{args.seq_len}.json"
+    (out / name).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
