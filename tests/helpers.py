@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from electralab import CLS_ID, MASK_ID, PAD_ID, SEP_ID
@@ -40,3 +41,46 @@ def make_batch(batch_size: int = 4, length: int = 24, vocab: int = VOCAB, mask_p
     mlm = (torch.rand(ids.shape, generator=g) < mask_prob) & attention
     mlm[:, 1] = True   # at least one masked position per row
     return Batch(ids, attention, ids.masked_fill(mlm, MASK_ID), mlm)
+
+
+def train_losses(build, batch: Batch, steps: int = 6, lr: float = 1e-3, seed: int = 0) -> list[float]:
+    """Build a model under `seed` (build() -> nn.Module returning an Output), then take `steps` AdamW
+    steps on the fixed `batch`, reseeding before every forward so that dropout, sampling and
+    candidate draws are the same noise at every step (the loss is then a fixed function of the
+    weights). Returns the losses seen before each step, plus the loss after the last step."""
+    torch.manual_seed(seed)
+    model = build()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    for _ in range(steps + 1):
+        torch.manual_seed(seed + 1)
+        loss = model(batch).loss
+        losses.append(float(loss.detach()))
+        if len(losses) > steps:
+            break
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return losses
+
+
+@pytest.fixture
+def single_thread():
+    """Run a test with one intra-op thread: on these tiny models more threads only add overhead and
+    contend with parallel jobs (10x slower on a busy 2-core machine). Use with
+    `pytestmark = pytest.mark.usefixtures("single_thread")` after importing it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def jitter(module: torch.nn.Module, std: float = 0.1, seed: int = 0) -> torch.nn.Module:
+    """Add N(0, std) noise to every parameter, in place: freshly initialised zero biases and unit
+    LayerNorms hide terms a formula test should see (a loss with an extra zero bias still matches)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * std)
+    return module

@@ -58,6 +58,12 @@ class RelativePositionBias(nn.Module):
 
     def __init__(self, heads: int, num_buckets: int, max_distance: int):
         super().__init__()
+        # T5's formula needs >= 1 exact bucket per direction (num_buckets // 4) and a log range
+        # beyond it; fewer buckets divide by log(1) = 0 (or by zero) in relative_position_bucket.
+        if num_buckets < 4 or max_distance <= num_buckets // 4:
+            raise ValueError(f"relative_buckets={num_buckets}, relative_max_distance={max_distance}: "
+                             f"T5 bucketing needs relative_buckets >= 4 and relative_max_distance > "
+                             f"relative_buckets // 4")
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bias = nn.Embedding(num_buckets, heads)
         self._buckets: dict[tuple[int, torch.device], torch.Tensor] = {}

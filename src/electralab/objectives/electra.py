@@ -5,8 +5,9 @@ model (discriminator) detects replaced tokens.
     L = L_MLM(G) + lambda * L_RTD(D),  lambda = 50
 
 The generator has the main model's depth and 1/3 (base) or 1/4 (small) of its width, shares the
-token embeddings, keeps dropout on, and receives no gradient from the discriminator (sampling is
-discrete). A sample equal to the original token counts as original (ELECTRA Sec. 2).
+token and position embeddings (and their LayerNorm; ELECTRA Sec. 3.2), keeps dropout on, and
+receives no gradient from the discriminator (sampling is discrete). A sample equal to the original
+token counts as original (ELECTRA Sec. 2).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class Electra(Objective):
         self.tokens = make_token_embedding(vocab_size, model.embedding, model.initializer_range)
         self.generator = MaskedLM(sized(model, generators.electra), self.tokens)
         self.discriminator = Encoder(model, self.tokens)
+        # ELECTRA Sec. 3.2 "Weight Sharing": with a smaller generator "we only share the embeddings
+        # (both the token and positional embeddings) of the generator and discriminator"; the released
+        # code shares the whole embedding scope (tokens, positions, LayerNorm) and gives each model its
+        # own projection to its hidden size. So the generator uses the discriminator's positions and norm.
+        shared, own = self.discriminator.embeddings, self.generator.encoder.embeddings
+        own.positions, own.norm = shared.positions, shared.norm
         self.rtd_head = BinaryHead(model.hidden, settings.rtd_head, model.initializer_range)
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:

@@ -97,11 +97,17 @@ class Teams(Objective):
                                   embeddings=d.embeddings, relative_bias=d.relative_bias,
                                   shared_layers=d.layers[:tied])
         self.tied_layers = tied
+        if s.mws_weight > 0 and s.candidates > vocab_size - 1:   # K distinct non-original tokens must exist
+            raise ConfigError(f"teams candidates={s.candidates} exceeds the {vocab_size - 1} non-original "
+                              f"tokens of a {vocab_size}-token vocabulary")
         # Task heads (built only for the tasks that train, so every Parameter gets a gradient).
         self.rtd_layer: TransformerLayer | None = None
         self.mws_layer: TransformerLayer | None = None
         if s.rtd_weight > 0:
-            if s.task_heads == "attention":
+            # The RTD task layer reads layer L-1 (Sec. 3.2). Without MWS (and heads below the top), the
+            # discriminator's own layer L is exactly that layer: a separate one would leave layer L
+            # computed but untrained (no gradient, dead weights).
+            if s.task_heads == "attention" and (s.mws_weight > 0 or s.heads_on_top):
                 self.rtd_layer = self._layer(model)
             # Eq. 6 is sigmoid(w^T h) on an attention head; the FFN ablation uses ELECTRA's MLP head.
             self.rtd_head = BinaryHead(model.hidden, "linear" if s.task_heads == "attention" else "mlp",
@@ -160,7 +166,7 @@ class Teams(Objective):
     def main_encoder(self) -> Encoder:
         d, s = self.discriminator, self.settings
         task_layer = self.rtd_layer if s.export == "rtd" else self.mws_layer
-        if task_layer is None:                      # the MWS branch is the main stack itself
+        if task_layer is None:                      # the exported branch is the main stack itself
             return d
         below = d.layers if s.heads_on_top else d.layers[:-1]   # the RTD layer reads layer L-1
         return Encoder.from_parts(self.model_cfg, d.embeddings, d.relative_bias, [*below, task_layer])

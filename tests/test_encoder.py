@@ -1,0 +1,320 @@
+"""The shared encoder against hand-written references: T5 relative buckets, SDPA attention with an
+additive bias and [PAD] mask, the post-LayerNorm layer order, the layer outputs, stop-gradients,
+shared parts, and the papers' parameter counts."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from electralab.config import EncoderConfig, load_params
+from electralab.model.encoder import (Encoder, RelativePositionBias, SelfAttention, TransformerLayer,
+                                      count_parameters, make_token_embedding, relative_position_bucket)
+
+from helpers import VOCAB, jitter, single_thread, tiny_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-written references (no code under test)
+# --------------------------------------------------------------------------------------------
+
+def t5_bucket(rel: int, num_buckets: int, max_distance: int) -> int:
+    """T5's bidirectional relative-position bucket of one distance rel = key - query, written
+    from Raffel et al. (2020) / mesh-tensorflow `_relative_position_bucket`: half of the buckets for
+    keys after the query; in each half, exact buckets below num_buckets/4, then log-spaced buckets up
+    to max_distance, everything farther in the last bucket."""
+    half = num_buckets // 2
+    offset = half if rel > 0 else 0
+    n = abs(rel)
+    exact = half // 2
+    if n < exact:
+        return offset + n
+    log_bucket = exact + int(math.log(n / exact) / math.log(max_distance / exact) * (half - exact))
+    return offset + min(log_bucket, half - 1)
+
+
+def layer_norm(x, ln):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + ln.eps) * ln.weight + ln.bias
+
+
+def manual_attention(x, attn: SelfAttention, bias):
+    """softmax(Q K^T / sqrt(d) + bias) V per head, heads concatenated, then the output projection.
+    qkv's rows are [W_q; W_k; W_v], head h owning rows h*d..(h+1)*d of each."""
+    B, T, H = x.shape
+    nh = attn.heads
+    d = H // nh
+    W, b = attn.qkv.weight, attn.qkv.bias
+    q = x @ W[:H].T + b[:H]
+    k = x @ W[H:2 * H].T + b[H:2 * H]
+    v = x @ W[2 * H:].T + b[2 * H:]
+    heads = []
+    for h in range(nh):
+        sl = slice(h * d, (h + 1) * d)
+        scores = q[..., sl] @ k[..., sl].transpose(-1, -2) / math.sqrt(d)     # (B, T, T)
+        if bias is not None:
+            scores = scores + bias[:, h if bias.shape[1] > 1 else 0]
+        heads.append(torch.softmax(scores, -1) @ v[..., sl])
+    y = torch.cat(heads, -1)
+    return y @ attn.out.weight.T + attn.out.bias
+
+
+def manual_layer(x, layer: TransformerLayer, bias):
+    """BERT's post-LN layer: x = LN(x + Attn(x)); x = LN(x + W2 GELU(W1 x))."""
+    x = layer_norm(x + manual_attention(x, layer.attention, bias), layer.attention_norm)
+    erf_gelu = lambda t: 0.5 * t * (1 + torch.erf(t / math.sqrt(2)))
+    ffn = erf_gelu(x @ layer.ffn_in.weight.T + layer.ffn_in.bias) @ layer.ffn_out.weight.T + layer.ffn_out.bias
+    return layer_norm(x + ffn, layer.ffn_norm)
+
+
+def pad_bias(attention_mask):
+    return torch.zeros(attention_mask.shape).masked_fill(~attention_mask, float("-inf"))[:, None, None, :]
+
+
+def build(cfg: EncoderConfig, seed: int = 0) -> Encoder:
+    torch.manual_seed(seed)
+    return Encoder(cfg, make_token_embedding(VOCAB, cfg.embedding)).eval()
+
+
+# --------------------------------------------------------------------------------------------
+# Relative position bias
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("buckets,max_distance", [(32, 128), (64, 128), (128, 256), (8, 16), (4, 8), (16, 20)])
+def test_relative_bucket_matches_scalar_t5(buckets, max_distance):
+    rel = torch.arange(-200, 201)
+    got = relative_position_bucket(rel, buckets, max_distance).tolist()
+    want = [t5_bucket(r, buckets, max_distance) for r in rel.tolist()]
+    assert got == want
+    assert got[200] == 0 and got[201] == buckets // 2 + 1        # rel 0 and +1 (keys after the query)
+    far = relative_position_bucket(torch.tensor([-10 * max_distance, 10 * max_distance]), buckets, max_distance)
+    assert far.tolist() == [buckets // 2 - 1, buckets - 1]        # beyond max_distance: the last bucket
+
+
+def test_relative_bias_is_one_scalar_per_bucket_and_head_shared_by_layers():
+    torch.manual_seed(0)
+    rb = RelativePositionBias(heads=3, num_buckets=8, max_distance=16)
+    T = 20
+    out = rb(T, torch.device("cpu"))
+    assert out.shape == (1, 3, T, T)
+    for i in range(T):                  # query i, key j, rel = j - i
+        for j in range(T):
+            want = rb.bias.weight[t5_bucket(j - i, 8, 16)]
+            assert torch.equal(out[0, :, i, j], want)
+    enc = build(tiny_model())
+    assert sum(isinstance(m, RelativePositionBias) for m in enc.modules()) == 1   # one, for all layers
+
+
+def test_relative_bias_rejects_too_few_buckets():
+    with pytest.raises(ValueError, match="relative_buckets"):
+        RelativePositionBias(heads=2, num_buckets=2, max_distance=8)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention and the post-LN layer
+# --------------------------------------------------------------------------------------------
+
+def test_sdpa_attention_equals_manual_softmax_with_bias_and_pad_mask():
+    torch.manual_seed(0)
+    cfg = tiny_model(hidden=8, heads=2)
+    attn = SelfAttention(cfg).eval()
+    B, T = 2, 5
+    x = torch.randn(B, T, 8)
+    rel = torch.randn(1, 2, T, T)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, 3:] = False                                            # two [PAD] keys in row 0
+    bias = rel + pad_bias(mask)
+    got = attn(x, bias)
+    want = manual_attention(x, attn, rel + pad_bias(mask))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # [PAD] keys are masked: changing them moves nothing at the real positions.
+    x2 = x.clone()
+    x2[0, 3:] = torch.randn(2, 8) * 10
+    torch.testing.assert_close(attn(x2, bias)[0, :3], got[0, :3], atol=1e-5, rtol=1e-5)
+    # ...and without the mask they would (the check can fail).
+    assert not torch.allclose(attn(x2, rel)[0, :3], attn(x, rel)[0, :3], atol=1e-3)
+    # The bias matters: without it the output differs.
+    assert not torch.allclose(attn(x, None), got, atol=1e-3)
+
+
+def test_encoder_attention_bias_is_relative_plus_pad_mask():
+    enc = build(tiny_model())
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, 4:] = False
+    bias = enc.attention_bias(mask, 6, torch.device("cpu"))
+    rel = enc.relative_bias(6, torch.device("cpu"))
+    torch.testing.assert_close(bias[0], rel[0])
+    assert torch.all(bias[1, :, :, 4:] < -1e30) and torch.equal(bias[1, :, :, :4], rel[0, :, :, :4])
+    assert enc.attention_bias(None, 6, torch.device("cpu")) is not None      # relative bias alone
+    no_rel = build(tiny_model(relative_positions=False))
+    assert no_rel.attention_bias(None, 6, torch.device("cpu")) is None
+
+
+def test_transformer_layer_is_post_layernorm():
+    torch.manual_seed(0)
+    cfg = tiny_model(hidden=8, heads=2, ffn=16)
+    layer = TransformerLayer(cfg).eval()
+    for p in layer.parameters():                   # non-trivial LayerNorm affine params too
+        torch.nn.init.normal_(p, std=0.5)
+    x = torch.randn(2, 5, 8)
+    bias = torch.randn(1, 2, 5, 5)
+    torch.testing.assert_close(layer(x, bias), manual_layer(x, layer, bias), atol=1e-5, rtol=1e-5)
+    # A pre-LN layer would differ (the check can fail).
+    pre = x + manual_attention(layer_norm(x, layer.attention_norm), layer.attention, bias)
+    assert not torch.allclose(layer(x, bias), pre, atol=1e-2)
+
+
+# --------------------------------------------------------------------------------------------
+# The encoder
+# --------------------------------------------------------------------------------------------
+
+def test_encoder_returns_embeddings_plus_every_layer_output():
+    cfg = tiny_model(embedding=16)               # factorised: 16-d embeddings projected to 32
+    enc = jitter(build(cfg))
+    torch.manual_seed(1)
+    ids = torch.randint(5, VOCAB, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[0, 8:] = False
+    hidden = enc(ids, mask)
+    assert len(hidden) == cfg.layers + 1 and all(h.shape == (2, 10, 32) for h in hidden)
+    e = enc.embeddings
+    want0 = layer_norm(e.tokens.weight[ids] + e.positions.weight[:10], e.norm) @ e.project.weight.T + e.project.bias
+    torch.testing.assert_close(hidden[0], want0, atol=1e-5, rtol=1e-5)
+    bias = enc.relative_bias(10, torch.device("cpu")) + pad_bias(mask)
+    x = want0
+    for i, layer in enumerate(enc.layers, start=1):
+        x = manual_layer(x, layer, bias)
+        torch.testing.assert_close(hidden[i], x, atol=1e-4, rtol=1e-4)
+
+
+def test_relative_bias_off_has_no_bias_module():
+    enc = build(tiny_model(relative_positions=False))
+    assert enc.relative_bias is None
+    assert not any(isinstance(m, RelativePositionBias) for m in enc.modules())
+    assert not any("relative" in n for n, _ in enc.named_parameters())
+    ids = torch.randint(5, VOCAB, (1, 8))
+    assert len(enc(ids)) == 13
+
+
+def test_absolute_positions_on_and_off():
+    ids = torch.full((1, 6), 7)                  # the same token everywhere
+    on = build(tiny_model(relative_positions=False))
+    assert on.embeddings.positions is not None
+    emb = on(ids)[0][0]
+    assert not torch.allclose(emb[0], emb[1])    # positions distinguish equal tokens
+    off = build(tiny_model(absolute_positions=False))
+    assert off.embeddings.positions is None
+    assert not any("positions.weight" in n for n, _ in off.named_parameters())
+    emb = off(ids)[0][0]
+    torch.testing.assert_close(emb[0], emb[1])   # no absolute position information in the embeddings
+    # Without any position information the encoder is permutation-equivariant; either kind of
+    # position information breaks that.
+    torch.manual_seed(3)
+    ids = torch.randint(5, VOCAB, (1, 8))
+    perm = torch.randperm(8)
+    nopos = build(tiny_model(absolute_positions=False, relative_positions=False))
+    torch.testing.assert_close(nopos(ids[:, perm])[-1], nopos(ids)[-1][:, perm], atol=1e-5, rtol=1e-5)
+    torch.nn.init.normal_(off.relative_bias.bias.weight, std=1.0)   # a trained-size bias, not 0.02
+    for enc in (on, off):
+        assert not torch.allclose(enc(ids[:, perm])[-1], enc(ids)[-1][:, perm], atol=1e-3)
+
+
+def test_detach_after_blocks_gradients_below():
+    enc = build(tiny_model(relative_positions=False))
+    ids = torch.randint(5, VOCAB, (2, 8))
+    hidden = enc(ids, detach_after={4, 8})
+    hidden[-1].pow(2).sum().backward()            # the top block's exit
+    for n, layer in enumerate(enc.layers, start=1):
+        grads = [p.grad for p in layer.parameters()]
+        if n <= 8:
+            assert all(g is None for g in grads), n
+        else:
+            assert all(g is not None and g.abs().sum() > 0 for g in grads), n
+    assert all(p.grad is None for p in enc.embeddings.parameters())
+    enc.zero_grad(set_to_none=True)
+    hidden = enc(ids, detach_after={4, 8})
+    hidden[6].pow(2).sum().backward()             # the middle block's exit: layers 5-6 only
+    got = {n for n, layer in enumerate(enc.layers, start=1) if layer.ffn_in.weight.grad is not None}
+    assert got == {5, 6}
+    enc.zero_grad(set_to_none=True)
+    enc(ids)[-1].pow(2).sum().backward()          # no detach: everything learns from the top
+    assert all(p.grad is not None for p in enc.parameters())
+    # The outputs themselves are unchanged by detaching.
+    torch.testing.assert_close(enc(ids, detach_after={4})[-1], enc(ids)[-1])
+
+
+def test_from_parts_reuses_the_same_parameters():
+    enc = build(tiny_model())
+    extra = TransformerLayer(enc.cfg)
+    view = Encoder.from_parts(enc.cfg, enc.embeddings, enc.relative_bias, [*enc.layers[:-1], extra])
+    assert view.embeddings is enc.embeddings and view.relative_bias is enc.relative_bias
+    assert view.cfg.layers == 12 and len(view.layers) == 12
+    assert all(a is b for a, b in zip(view.layers[:-1], enc.layers[:-1])) and view.layers[-1] is extra
+    own = {id(p) for p in enc.parameters()} | {id(p) for p in extra.parameters()}
+    assert {id(p) for p in view.parameters()} <= own
+    ids = torch.randint(5, VOCAB, (2, 8))
+    view.eval(), extra.eval()
+    h_enc = enc(ids)
+    torch.testing.assert_close(view(ids)[-1], extra(h_enc[-2], enc.relative_bias(8, ids.device)))
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter counts of the papers' configurations (built on the meta device: no memory, instant)
+# --------------------------------------------------------------------------------------------
+
+# (preset, the paper's main-model size, relative tolerance, source)
+PAPER_SIZES = [
+    ("base", 110e6, 0.01, "BERT-base size, 32,768 vocab (COCO-LM Table 1; TEAMS Table 1)"),
+    ("base_pp", 134e6, 0.01, "COCO-LM base++ Table 1 (64,000 vocab)"),
+    ("large_pp", 367e6, 0.01, "COCO-LM large++ Table 1 (64,000 vocab)"),
+    # TEAMS Table 1 reports small as "14M", two significant digits: ELECTRA-Small's 13.5M with a
+    # 30,522 vocab, 13.8M with ours; the check is to the paper's precision (+-0.5M).
+    ("small", 14e6, 0.5 / 14, "TEAMS/ELECTRA-Small Table 1, rounded to 14M"),
+]
+
+
+@pytest.mark.parametrize("preset,paper,tol,source", PAPER_SIZES, ids=[p[0] for p in PAPER_SIZES])
+def test_parameter_counts_match_the_papers(preset, paper, tol, source):
+    pr = load_params(ROOT / "params.yaml").presets[preset]
+    with torch.device("meta"):
+        enc = Encoder(pr.model, make_token_embedding(pr.vocab.size, pr.model.embedding))
+    n = count_parameters(enc)
+    print(f"\n{preset}: {n:,} parameters ({n / 1e6:.2f}M) vs {paper / 1e6:.0f}M [{source}]; "
+          f"off by {100 * (n - paper) / paper:+.2f}%")
+    assert abs(n - paper) <= tol * paper
+
+
+def test_count_parameters_counts_shared_once():
+    tokens = make_token_embedding(VOCAB, 32)
+    a = Encoder(tiny_model(), tokens)
+    b = Encoder(tiny_model(), tokens, embeddings=a.embeddings, relative_bias=a.relative_bias,
+                shared_layers=a.layers[:3])
+    both = torch.nn.ModuleList([a, b])
+    own_b = sum(p.numel() for layer in b.layers[3:] for p in layer.parameters())
+    assert count_parameters(both) == count_parameters(a) + own_b
+
+
+# --------------------------------------------------------------------------------------------
+# bf16 autocast (the CUDA path): the bias is cast to q's dtype
+# --------------------------------------------------------------------------------------------
+
+def test_bf16_autocast_runs_and_matches_fp32_loosely():
+    enc = build(tiny_model(layers=2))
+    ids = torch.randint(5, VOCAB, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[0, 9:] = False
+    want = enc(ids, mask)[-1]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = enc(ids, mask)[-1]
+    assert got.dtype in (torch.bfloat16, torch.float32) and torch.isfinite(got.float()).all()
+    torch.testing.assert_close(got.float(), want, atol=0.1, rtol=0.05)

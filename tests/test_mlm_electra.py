@@ -1,0 +1,298 @@
+"""MLM and ELECTRA against independent computations on tiny tensors: the MLM head math, the mean CE
+over masked positions only, the RTD binary cross-entropy with "a sample equal to the original is
+original", the ELECTRA total and its weight sharing, masking settings, training and determinism."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from electralab.config import GeneratorSize, GeneratorSizes, load_params
+from electralab.model.encoder import count_parameters
+from electralab.objectives import build_objective, method_settings
+from electralab.objectives.common import sample
+from electralab.objectives.electra import Electra
+from electralab.objectives.mlm import MLM
+
+from helpers import VOCAB, jitter, make_batch, single_thread, tiny_generators, tiny_model, train_losses
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-written references
+# --------------------------------------------------------------------------------------------
+
+def gelu(t):
+    return 0.5 * t * (1 + torch.erf(t / math.sqrt(2)))
+
+
+def layer_norm(x, ln):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + ln.eps) * ln.weight + ln.bias
+
+
+def lm_logits(h, head):
+    """BERT's MLM head: z = LN(GELU(W h + b)); logits = E z + b_out, E the shared token table."""
+    dense, _, ln = head.transform
+    z = layer_norm(gelu(h @ dense.weight.T + dense.bias), ln)
+    return z @ head.tokens.weight.T + head.bias
+
+
+def mean_ce(logits, targets):
+    """-mean_i log softmax(logits_i)[target_i]."""
+    picked = logits.gather(1, targets[:, None])[:, 0]
+    return (torch.logsumexp(logits, -1) - picked).mean()
+
+
+def mean_bce(logits, labels):
+    """-mean[y log sigmoid(l) + (1 - y) log(1 - sigmoid(l))]; y = 1 means "replaced"."""
+    p = torch.sigmoid(logits.double())
+    y = labels.double()
+    return -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
+
+
+def electra_rtd_logits(h, head):
+    """ELECTRA's released discriminator head: dense -> GELU -> dense(1)."""
+    d1, _, d2 = head.net
+    return (gelu(h @ d1.weight.T + d1.bias) @ d2.weight.T + d2.bias)[..., 0]
+
+
+def capture_input(module):
+    """Record the first positional argument each call of `module` receives (a forward pre-hook)."""
+    seen = []
+    module.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+    return seen
+
+
+def build_mlm(**settings):
+    return MLM(tiny_model(), tiny_generators(), VOCAB, MLM.Settings(**settings))
+
+
+def build_electra(**settings):
+    return Electra(tiny_model(), tiny_generators(), VOCAB, Electra.Settings(**settings))
+
+
+# --------------------------------------------------------------------------------------------
+# MLM
+# --------------------------------------------------------------------------------------------
+
+def test_mlm_loss_is_mean_ce_over_masked_positions_of_the_tied_head():
+    torch.manual_seed(0)
+    obj = jitter(build_mlm()).eval()
+    batch = make_batch(pad_last=5)
+    out = obj(batch)
+    h = obj.mlm.encoder(batch.masked_ids, batch.attention_mask)[-1]          # (B, T, H)
+    logits = lm_logits(h[batch.mlm_mask], obj.mlm.head)
+    targets = batch.input_ids[batch.mlm_mask]
+    torch.testing.assert_close(out.loss, mean_ce(logits, targets), atol=1e-5, rtol=1e-5)
+    # Not a mean over all tokens (the check can fail): the full-sequence CE differs.
+    all_logits = lm_logits(h[batch.attention_mask], obj.mlm.head)
+    assert not torch.allclose(out.loss, mean_ce(all_logits, batch.input_ids[batch.attention_mask]), atol=1e-4)
+    assert out.metrics["mlm_acc"] == (logits.argmax(-1) == targets).float().mean()
+
+
+def test_mlm_head_uses_the_one_token_parameter():
+    obj = build_mlm()
+    assert obj.mlm.head.tokens.weight is obj.mlm.encoder.embeddings.tokens.weight is obj.tokens.weight
+    table = [p for p in obj.parameters() if p.shape == (VOCAB, 32)]
+    assert len(table) == 1
+
+
+class ShapeLog(TorchDispatchMode):
+    """Records the shape of every tensor any aten op produces (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.shapes += [tuple(t.shape) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        return out
+
+
+@pytest.mark.parametrize("build", [build_mlm, build_electra], ids=["mlm", "electra"])
+def test_vocabulary_logits_only_at_masked_positions(build):
+    torch.manual_seed(0)
+    obj = build()
+    batch = make_batch(batch_size=4, length=24)
+    M = int(batch.mlm_mask.sum())
+    assert M < 4 * 24
+    with ShapeLog() as log:
+        obj(batch).loss.backward()
+    vocab_sized = [s for s in log.shapes if VOCAB in s]
+    assert (M, VOCAB) in vocab_sized
+    assert max(math.prod(s) for s in vocab_sized) <= M * VOCAB, "a (B, T, V) tensor was built"
+    head = obj.mlm.head if isinstance(obj, MLM) else obj.generator.head
+    assert head(torch.zeros(M, head.transform[0].in_features)).shape == (M, VOCAB)
+
+
+# --------------------------------------------------------------------------------------------
+# ELECTRA
+# --------------------------------------------------------------------------------------------
+
+def test_electra_generator_size_and_shared_embeddings():
+    obj = build_electra()
+    g, d = obj.generator.encoder, obj.discriminator
+    sizes = tiny_generators().electra
+    assert len(g.layers) == len(d.layers) == 12                            # same depth
+    assert (g.cfg.hidden, g.cfg.heads, g.cfg.ffn) == (sizes.hidden, sizes.heads, sizes.ffn)
+    assert g.layers[0].ffn_in.weight.shape == (sizes.ffn, sizes.hidden)
+    assert g.embeddings.project is not None and g.embeddings.project.weight.shape == (16, 32)
+    # One token Parameter: generator input, discriminator input, generator LM head.
+    assert g.embeddings.tokens.weight is d.embeddings.tokens.weight is obj.generator.head.tokens.weight
+    assert len([p for p in obj.parameters() if p.shape == (VOCAB, 32)]) == 1
+    # ELECTRA Sec. 3.2: token AND positional embeddings shared (released code: with their LayerNorm).
+    assert g.embeddings.positions is d.embeddings.positions
+    assert g.embeddings.norm is d.embeddings.norm
+    assert count_parameters(obj) == sum(p.numel() for p in obj.parameters())   # parameters() dedups
+
+
+def test_electra_preset_generators_are_a_third_or_a_quarter_wide():
+    presets = load_params(ROOT / "params.yaml").presets
+    for name, ratio in [("base", 3), ("base_pp", 3), ("small", 4)]:
+        p = presets[name]
+        gen = p.generators.electra
+        assert gen.layers is None                                           # the main model's depth
+        assert gen.hidden * ratio == p.model.hidden, name
+        assert gen.hidden // gen.heads == 64 and gen.ffn == 4 * gen.hidden, name   # ELECTRA's generator
+
+
+def test_electra_token_gradient_comes_from_generator_and_discriminator():
+    torch.manual_seed(0)
+    obj = build_electra().eval()
+    batch = make_batch()
+    obj.tokens.weight.grad = None
+    logits = obj.generator(batch)
+    torch.nn.functional.cross_entropy(logits, batch.input_ids[batch.mlm_mask]).backward()
+    from_gen = obj.tokens.weight.grad.clone()
+    obj.zero_grad(set_to_none=True)
+    obj.rtd_head(obj.discriminator(batch.input_ids, batch.attention_mask)[-1]).sum().backward()
+    from_disc = obj.tokens.weight.grad.clone()
+    assert from_gen.abs().sum() > 0 and from_disc.abs().sum() > 0
+
+
+def test_electra_loss_is_mlm_plus_50_rtd_with_independent_bce():
+    torch.manual_seed(0)
+    obj = jitter(build_electra()).eval()         # no dropout: everything but the sampling is fixed
+    batch = make_batch(pad_last=6, mask_prob=0.4)
+    disc_inputs = capture_input(obj.discriminator)
+    out = obj(batch)
+    (replaced,) = disc_inputs
+    mask, mlm = batch.attention_mask, batch.mlm_mask
+    # The corrupted input: originals outside M, generator samples inside M.
+    assert torch.equal(replaced[~mlm], batch.input_ids[~mlm])
+    # Generator MLM loss, recomputed.
+    h_gen = obj.generator.encoder(batch.masked_ids, mask)[-1]
+    gen_loss = mean_ce(lm_logits(h_gen[mlm], obj.generator.head), batch.input_ids[mlm])
+    # RTD over all real tokens, label "replaced" = (x^R != x^orig); [PAD] excluded.
+    h_disc = obj.discriminator(replaced, mask)[-1]
+    rtd_logits = electra_rtd_logits(h_disc, obj.rtd_head)
+    labels = replaced != batch.input_ids
+    assert labels.any() and not labels[~mlm].any()
+    rtd_loss = mean_bce(rtd_logits[mask], labels[mask])
+    torch.testing.assert_close(out.metrics["gen_loss"].double(), gen_loss.double(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.metrics["rtd_loss"].double(), rtd_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss.double(), gen_loss.double() + 50 * rtd_loss, atol=1e-4, rtol=1e-5)
+    # Including [PAD] would change it (the check can fail).
+    assert not torch.isclose(mean_bce(rtd_logits.flatten(), labels.flatten()), rtd_loss, atol=1e-5)
+    assert out.metrics["replaced_fraction"] == labels[mask].float().mean()
+
+
+def test_electra_sample_equal_to_original_is_labelled_original():
+    torch.manual_seed(0)
+    obj = jitter(build_electra()).eval()
+    batch = make_batch(mask_prob=0.5)
+    mlm = batch.mlm_mask
+    originals = torch.tensor([7, 8]).repeat(int(mlm.sum()))[: int(mlm.sum())]
+    batch.input_ids[mlm] = originals                  # masked originals alternate 7, 8
+    with torch.no_grad():
+        obj.generator.head.bias[7] = 1e4              # the generator samples 7 with probability ~1
+    disc_inputs = capture_input(obj.discriminator)
+    out = obj(batch)
+    (replaced,) = disc_inputs
+    assert torch.equal(replaced[mlm], torch.full_like(originals, 7))
+    labels = replaced != batch.input_ids
+    assert torch.equal(labels[mlm], originals == 8)   # sampled 7 over an original 7: "original"
+    assert out.metrics["replaced_fraction"] == (originals == 8).sum() / batch.num_tokens
+    h = obj.discriminator(replaced, batch.attention_mask)[-1]
+    want = mean_bce(electra_rtd_logits(h, obj.rtd_head)[batch.attention_mask], labels[batch.attention_mask])
+    torch.testing.assert_close(out.metrics["rtd_loss"].double(), want, atol=1e-5, rtol=1e-5)
+    assert out.metrics["rtd_acc_original"] >= 0 and out.metrics["rtd_acc_replaced"] >= 0
+
+
+P = torch.tensor([0.40, 0.30, 0.15, 0.10, 0.05])      # a hand-made generator distribution over ids 5..9
+
+
+def test_sample_draws_from_the_softmax():
+    torch.manual_seed(0)
+    logits = P.log().expand(40_000, -1)
+    freq = torch.bincount(sample(logits), minlength=5).double() / 40_000
+    assert (freq - P.double()).abs().max() < 0.01     # ~4 standard errors
+
+
+def test_electra_replacements_are_sampled_from_the_generator():
+    """With the generator head's LayerNorm zeroed its logits are its output bias alone: set that to
+    log p and the replaced tokens at masked positions must have frequencies p."""
+    obj = build_electra().eval()
+    with torch.no_grad():
+        ln = obj.generator.head.transform[2]
+        ln.weight.zero_(), ln.bias.zero_()
+        obj.generator.head.bias.fill_(-30.0)
+        obj.generator.head.bias[5:10] = P.log()
+    disc_inputs = capture_input(obj.discriminator)
+    batch = make_batch(batch_size=16, mask_prob=0.9, seed=3)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for _ in range(20):
+            obj(batch)
+    drawn = torch.cat([r[batch.mlm_mask] for r in disc_inputs])
+    assert len(drawn) > 5000 and drawn.min() >= 5 and drawn.max() <= 9
+    freq = torch.bincount(drawn - 5, minlength=5).double() / len(drawn)
+    assert (freq - P.double()).abs().max() < 0.025    # ~4 standard errors
+
+
+# --------------------------------------------------------------------------------------------
+# Settings
+# --------------------------------------------------------------------------------------------
+
+def test_masking_settings():
+    bert = method_settings("mlm", {}).masking
+    assert (bert.mask_prob, bert.mask_token_prob, bert.random_token_prob) == (0.15, 0.8, 0.1)   # 80/10/10
+    electra = method_settings("electra", {})
+    m = electra.masking
+    assert (m.mask_prob, m.mask_token_prob, m.random_token_prob) == (0.15, 0.85, 0.0)         # 85/0/15
+    assert electra.rtd_weight == 50.0 and electra.rtd_head == "mlp"
+
+
+def test_settings_errors_name_the_key():
+    from electralab.config import ConfigError
+    with pytest.raises(ConfigError, match=r"methods\.electra\.rtd_weight"):
+        method_settings("electra", {"rtd_weight": -1})
+    with pytest.raises(ConfigError, match=r"methods\.electra\.rtd_head"):
+        method_settings("electra", {"rtd_head": "ffn"})
+    with pytest.raises(ConfigError, match=r"methods\.mlm.*bogus"):
+        method_settings("mlm", {"bogus": 1})
+
+
+# --------------------------------------------------------------------------------------------
+# Training and determinism
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["mlm", "electra"])
+def test_a_few_adamw_steps_lower_the_loss_and_same_seed_same_numbers(method):
+    batch = make_batch()
+    build = lambda: build_objective(method, {}, tiny_model(), tiny_generators(), VOCAB)
+    first = train_losses(build, batch, steps=6)
+    assert all(b < a for a, b in zip(first, first[1:])), first          # every step lowers it
+    assert train_losses(build, batch, steps=6) == first               # bit-identical on a fresh build
+    assert train_losses(build, batch, steps=6, seed=1) != first       # and the seed matters
