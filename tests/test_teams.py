@@ -51,15 +51,15 @@ def mean_bce(logits, labels):
     return -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
 
 
-def mws_loss(h_mws, candidates, obj, with_bias: bool = True):
+def mws_loss(h_mws, candidates, obj, bias=None):
     """Eq. 7-8: -mean_j log( exp(s(x_j)) / sum_{x' in S_j} exp(s(x')) ), the original x_j in column 0
-    of S_j, s(x) = e(x)^T z_j (+ b_x, the per-token output bias: our documented formula, docs/methods.md;
-    Eq. 7 and the authors' released head have none), z_j = the MWS transform of h_MWS at position j."""
+    of S_j, s(x) = e(x)^T z_j (no output bias: Eq. 7 and the authors' released head have none; `bias`
+    adds one, to show the check would notice), z_j = the MWS transform of h_MWS at position j."""
     z = transform(h_mws, obj.mws_head)                       # (M, E)
-    E, b = obj.tokens.weight, obj.mws_head.bias
+    E = obj.tokens.weight
     loss = 0.0
     for j in range(len(z)):
-        scores = torch.stack([E[c] @ z[j] + (b[c] if with_bias else 0.0) for c in candidates[j].tolist()])
+        scores = torch.stack([E[c] @ z[j] + (bias[c] if bias is not None else 0.0) for c in candidates[j].tolist()])
         loss = loss + (torch.log(torch.exp(scores).sum()) - scores[0])
     return loss / len(z)
 
@@ -105,10 +105,12 @@ def test_mws_loss_is_softmax_over_original_and_k_candidates():
     h_mws = obj.discriminator(replaced, batch.attention_mask)[-1][mlm]   # layer L (Sec. 3.2)
     want = mws_loss(h_mws, candidates, obj)
     torch.testing.assert_close(out.metrics["mws_loss"], want, atol=1e-5, rtol=1e-5)
-    # h_MWS from layer L-1, or no output bias, would not match: the check can fail.
+    # h_MWS from layer L-1, or an output bias, would not match: the check can fail.
     wrong = mws_loss(obj.discriminator(replaced, batch.attention_mask)[-2][mlm], candidates, obj)
     assert not torch.isclose(out.metrics["mws_loss"], wrong, atol=1e-4)
-    assert not torch.isclose(out.metrics["mws_loss"], mws_loss(h_mws, candidates, obj, with_bias=False), atol=1e-4)
+    some_bias = torch.linspace(-1.0, 1.0, obj.tokens.weight.shape[0])
+    assert obj.mws_head.bias is None
+    assert not torch.isclose(out.metrics["mws_loss"], mws_loss(h_mws, candidates, obj, bias=some_bias), atol=1e-4)
 
 
 def test_mws_with_every_other_token_as_candidate_is_the_full_softmax():
@@ -118,7 +120,7 @@ def test_mws_with_every_other_token_as_candidate_is_the_full_softmax():
     batch = make_batch()
     out, replaced, _ = run(obj, batch)
     z = transform(obj.discriminator(replaced, batch.attention_mask)[-1][batch.mlm_mask], obj.mws_head)
-    want = mean_ce(z @ obj.tokens.weight.T + obj.mws_head.bias, batch.input_ids[batch.mlm_mask])
+    want = mean_ce(z @ obj.tokens.weight.T, batch.input_ids[batch.mlm_mask])
     torch.testing.assert_close(out.metrics["mws_loss"], want, atol=1e-5, rtol=1e-5)
 
 

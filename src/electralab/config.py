@@ -144,7 +144,7 @@ class EncoderConfig:
     max_positions: int = bounded(512, lo=16)
     absolute_positions: bool = True
     relative_positions: bool = True         # T5 bucketed relative position bias (COCO-LM Sec. 4)
-    relative_buckets: int = bounded(32, lo=2)
+    relative_buckets: int = bounded(32, lo=4)
     relative_max_distance: int = bounded(128, lo=2)
     layer_norm_eps: float = bounded(1e-5, lo=0.0, hi=1e-2)
     initializer_range: float = bounded(0.02, lo=0.0, hi=1.0)
@@ -152,6 +152,9 @@ class EncoderConfig:
     def check(self, where: str) -> None:
         if self.hidden % self.heads:
             raise ConfigError(f"{where}: hidden={self.hidden} is not divisible by heads={self.heads}")
+        if self.relative_max_distance <= self.relative_buckets // 4:
+            raise ConfigError(f"{where}: relative_max_distance={self.relative_max_distance} must exceed "
+                              f"relative_buckets // 4 = {self.relative_buckets // 4} (T5 bucketing)")
         if not (self.absolute_positions or self.relative_positions):
             raise ConfigError(f"{where}: enable absolute_positions or relative_positions (or both)")
 

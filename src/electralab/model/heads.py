@@ -15,8 +15,8 @@ class LMHead(nn.Module):
     layer" (a plain linear map is kept only when the hidden size differs from the embedding size).
     """
 
-    def __init__(self, hidden: int, tokens: nn.Embedding, *, projection: bool = True, eps: float = 1e-5,
-                 std: float = 0.02):
+    def __init__(self, hidden: int, tokens: nn.Embedding, *, projection: bool = True, bias: bool = True,
+                 eps: float = 1e-5, std: float = 0.02):
         super().__init__()
         dim = tokens.embedding_dim
         self.tokens = tokens
@@ -24,7 +24,7 @@ class LMHead(nn.Module):
             self.transform: nn.Module | None = nn.Sequential(nn.Linear(hidden, dim), nn.GELU(), nn.LayerNorm(dim, eps=eps))
         else:
             self.transform = nn.Linear(hidden, dim) if hidden != dim else None
-        self.bias = nn.Parameter(torch.zeros(tokens.num_embeddings))
+        self.bias = nn.Parameter(torch.zeros(tokens.num_embeddings)) if bias else None
         if self.transform is not None:
             for m in self.transform.modules():
                 if isinstance(m, nn.Linear):

@@ -115,10 +115,11 @@ class Teams(Objective):
         if s.mws_weight > 0:
             if s.heads_on_top:
                 self.mws_layer = self._layer(model)
-            # MWS scores candidates by dot products with their (shared) embeddings; the transform
-            # maps h to the embedding size (needed when they differ: 256 vs 128 in TEAMS-Small).
-            self.mws_head = LMHead(model.hidden, self.tokens, projection=True, eps=model.layer_norm_eps,
-                                   std=model.initializer_range)
+            # MWS scores candidates by e(x)^T z, dot products with their (shared) embeddings and no
+            # output bias (Eq. 7; the authors' released head too); the transform (dense -> GELU ->
+            # LayerNorm) maps h to the embedding size (needed when they differ: 256 vs 128 in TEAMS-Small).
+            self.mws_head = LMHead(model.hidden, self.tokens, projection=True, bias=False,
+                                   eps=model.layer_norm_eps, std=model.initializer_range)
 
     @staticmethod
     def _layer(model: EncoderConfig) -> TransformerLayer:
@@ -156,7 +157,7 @@ class Teams(Objective):
             negatives = draw_candidates(gen_logits, targets, s.candidates, s.candidate_sampling)
             candidates = torch.cat([targets[:, None], negatives], 1)      # (M, K+1); the original first
             z = self.mws_head.project(h_mws[batch.mlm_mask])              # (M, E)
-            scores = torch.einsum("me,mke->mk", z, self.tokens(candidates)) + self.mws_head.bias[candidates]
+            scores = torch.einsum("me,mke->mk", z, self.tokens(candidates))   # (M, K+1)
             zero = torch.zeros_like(targets)
             mws_loss = F.cross_entropy(scores.float(), zero) if targets.numel() else scores.sum() * 0
             loss = loss + s.mws_weight * mws_loss
