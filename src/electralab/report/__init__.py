@@ -1,0 +1,189 @@
+"""The report: the papers' tables and figures regenerated from MLflow, beside the published numbers.
+
+    from electralab.report import build_report
+    summary = build_report("tiny", "reports")     # reads electralab-tiny from $MLFLOW_TRACKING_URI / mlflow.db
+
+writes, atomically (a failed build leaves the previous directory untouched):
+
+    reports/index.html                 every table and figure on one self-contained page
+    reports/report.md                  every table, Markdown, figures linked
+    reports/tables/<paper>_<table>.md  one table, Markdown
+    reports/tables/<paper>_<table>.csv one line per (row, column): ours, std, min, max, published, diff
+    reports/figures/<paper>_<fig>.png  the figures
+    reports/plots/<paper>_<fig>.csv    the figures' series, for `dvc plots show`
+
+Everything comes from MLflow (docs/tracking.md) except what COCO-LM Fig. 1/5 reads besides the
+exported encoders: STS-B pairs and corpus paragraphs (`Sources`). The library knows nothing of DVC.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from electralab import tracking
+from electralab.io import atomic_dir
+from electralab.report import figures as F
+from electralab.report.build import (BuiltTable, Results, build_tables, cell_lookup, check_preset, check_specs,
+                                     fetch_results, glue_average, metric_history)
+from electralab.report.render import page_html, table_html, to_csv, to_markdown
+from electralab.report.specs import SQUAD2, TABLES
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What the report reads besides MLflow, and how to describe the preset's data."""
+    note: str = ""                        # the preset's data and model, printed under every table title
+    stsb_dev: Path | None = None          # $ELECTRALAB_DATA/glue/STS-B/dev.tsv (Fig. 1/5 similar pairs)
+    corpus_files: tuple[Path, ...] = ()   # corpus paragraphs (Fig. 1/5 random pairs)
+    uncased: bool = True                  # the preset's corpus.uncased (how texts are normalised)
+    random_pairs: int = 200
+
+
+def stem(key: str) -> str:
+    """"coco-lm/table3" -> "coco-lm_table3" (file names)."""
+    return key.replace("/", "_")
+
+
+# --- figures -----------------------------------------------------------------------------------------
+
+HISTORY_METRICS = sorted({m for series in F.SCL_SERIES.values() for _, m, _ in series}
+                         | {m for _, m in F.COPY_CLM_PANELS} | {m for _, m, _ in F.MIX_SERIES}
+                         | {"rtd_acc_replaced", "wall_hours"})
+
+
+def cosines(results: Results, sources: Sources) -> pd.DataFrame:
+    """COCO-LM Fig. 1/5 data: [CLS] cosines of random corpus pairs and STS-B score-5 pairs, per run,
+    with the encoder (and its tokenizer.model) each pretraining run logged as the `encoder` artifact."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from electralab.export import load_encoder
+
+    frame = pd.DataFrame(columns=["run", "pairs", "cosine"])
+    pairs = {"random": F.corpus_pairs(sources.corpus_files, sources.random_pairs),
+             "similar": F.read_stsb_similar(sources.stsb_dev) if sources.stsb_dev and sources.stsb_dev.exists() else []}
+    if not pairs["random"] and not pairs["similar"]:
+        return frame
+    ids = dict(zip(results.pretrain["run"], results.pretrain["run_id"]))
+    parts = [frame]
+    for run in F.COSINE_RUNS:
+        if run not in ids:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                encoder_dir = Path(mlflow.artifacts.download_artifacts(
+                    run_id=ids[run], artifact_path="encoder", dst_path=tmp, tracking_uri=results.tracking_uri))
+            except (MlflowException, OSError):   # no encoder logged (yet): that panel says "no data yet"
+                continue
+            if not (encoder_dir / "tokenizer.model").exists():
+                continue
+            encoder = load_encoder(encoder_dir)
+            for kind, texts in pairs.items():
+                values = F.pair_cosines(encoder, encoder_dir / "tokenizer.model", texts, uncased=sources.uncased)
+                parts.append(pd.DataFrame({"run": run, "pairs": kind, "cosine": values}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def make_figures(results: Results, sources: Sources):
+    """Every figure: key -> (matplotlib Figure, its series as a DataFrame for DVC plots or None)."""
+    preset = results.preset
+    history_runs = sorted({r for s in F.SCL_SERIES.values() for r, _, _ in s} | {r for r, _ in F.COPY_CLM_RUNS}
+                          | {r for r, _, _ in F.CURRICULUM_SERIES} | {"amos", "cocolm", "mlm", "electra"})
+    history = metric_history(results, history_runs, HISTORY_METRICS)
+    scl = [s for series in F.SCL_SERIES.values() for s in series]
+    copy_clm = [(run, metric, label) for _, metric in F.COPY_CLM_PANELS for run, label in F.COPY_CLM_RUNS]
+    hours = lambda runs: F.efficiency_points(results.cells, results.pretrain, history, runs)  # noqa: E731
+    coco_hours = hours(["cocolm", "mlm", "electra"])
+    amos_hours = hours(["amos", "cocolm", "electra", "mlm"])
+    crop = F.sweep_points(results.cells, {"COCO-LM": F.CROP_RUNS}, [F.MNLI_M, F.MNLI_MM, F.GLUE_COLUMN])
+    depth = F.sweep_points(results.cells, {"TEAMS": F.GENERATOR_DEPTH_RUNS}, F.SWEEP_COLUMNS)
+    negatives = F.sweep_points(results.cells, F.NEGATIVES_RUNS, F.SWEEP_COLUMNS)
+    lookup = cell_lookup(results.final_cells())
+    electra = {F.GLUE_COLUMN.name: glue_average(lookup, "electra"),
+               SQUAD2[1].name: lookup.get(("electra", SQUAD2[1].task, SQUAD2[1].metric), {}).get("median", math.nan)}
+    cos = cosines(results, sources)
+    return {
+        "coco-lm/fig1-5": (F.cosine_figure(cos, preset), None),
+        "coco-lm/fig3": (F.efficiency_figure(coco_hours, "cocolm", {"mlm": "RoBERTa (Ours)", "electra": "ELECTRA (Ours)"},
+                                             f"COCO-LM Fig. 3: MNLI dev vs pretraining hours ({preset} preset)"), coco_hours),
+        "coco-lm/fig4": (F.crop_figure(crop, preset), F.sweep_frame(crop)),
+        "coco-lm/fig7a": (F.scl_cosine_figure(history, preset), F.history_frame(history, scl)),
+        "coco-lm/fig8": (F.copy_clm_figure(history, preset), F.history_frame(history, copy_clm)),
+        "amos/fig3a": (F.mix_weights_figure(history, preset), F.history_frame(history, F.MIX_SERIES)),
+        "amos/fig3b": (F.curriculum_figure(history, preset), F.history_frame(history, F.CURRICULUM_SERIES)),
+        "amos/fig4": (F.efficiency_figure(amos_hours, "amos", {"cocolm": "COCO-LM", "electra": "ELECTRA", "mlm": "RoBERTa"},
+                                          f"AMOS Fig. 4: MNLI dev vs pretraining hours ({preset} preset)"), amos_hours),
+        "teams/fig4": (F.generator_depth_figure(depth, preset), F.sweep_frame(depth)),
+        "teams/fig5": (F.negatives_figure(negatives, electra, preset), F.sweep_frame(negatives)),
+    }
+
+
+# --- the report --------------------------------------------------------------------------------------
+
+def summary_metrics(results: Results, tables: dict[str, BuiltTable]) -> dict:
+    """DVC metrics (metrics/report.json): per run our GLUE average, MNLI-m and SQuAD 2.0 F1 medians,
+    and per table how many of our cells are filled. Absent values are left out (JSON has no NaN)."""
+    lookup = cell_lookup(results.final_cells())
+    runs = sorted({run for run, _, _ in lookup})
+    per_run = {"glue_avg": {r: glue_average(lookup, r) for r in runs},
+               "mnli_m": {r: lookup.get((r, "mnli", "accuracy"), {}).get("median", math.nan) for r in runs},
+               "squad2_f1": {r: lookup.get((r, "squad2", "f1"), {}).get("median", math.nan) for r in runs}}
+    out = {name: {r: round(v, 4) for r, v in values.items() if not math.isnan(v)} for name, values in per_run.items()}
+    out["cells"] = {}
+    for key, t in tables.items():
+        ours = t.frame[t.frame["run"] != ""]
+        out["cells"][key] = {"filled": int(ours["ours"].notna().sum()), "total": int(len(ours))}
+    return out
+
+
+def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = None, *,
+                 sources: Sources | None = None, runs: Iterable[str] | None = None) -> dict:
+    """Build every table and figure of `preset` from MLflow into out_dir (replaced atomically).
+
+    runs: the run names of params.yaml's registry, to check that every table names existing runs.
+    Returns {"preset", "tables": {key: BuiltTable}, "figures": {key: png path}, "metrics": {...}}."""
+    check_preset(preset)
+    if runs is not None:
+        check_specs(runs)
+    sources = sources or Sources()
+    results = fetch_results(preset, tracking_uri)
+    tables = build_tables(results)
+    out_dir = Path(out_dir)
+    figure_paths: dict[str, Path] = {}
+    with atomic_dir(out_dir) as tmp:
+        for sub in ("tables", "figures", "plots"):
+            (tmp / sub).mkdir()
+        markdown = []
+        for key, table in tables.items():
+            md = to_markdown(table, sources.note)
+            (tmp / "tables" / f"{stem(key)}.md").write_text(md, encoding="utf-8")
+            to_csv(table, tmp / "tables" / f"{stem(key)}.csv")
+            markdown.append(md)
+        for key, (figure, series) in make_figures(results, sources).items():
+            F.save(figure, tmp / "figures" / f"{stem(key)}.png")
+            if series is not None:
+                series.to_csv(tmp / "plots" / f"{stem(key)}.csv", index=False, float_format="%.6g")
+            figure_paths[key] = out_dir / "figures" / f"{stem(key)}.png"
+        title = f"electralab report — {preset} preset"
+        intro = [f"Built {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from MLflow experiment "
+                 f"{tracking.experiment_name(preset)} ({results.tracking_uri})."]
+        if sources.note:
+            intro.append(f"Data: {sources.note}")
+        links = "\n\n".join(f"![{key}](figures/{stem(key)}.png)" for key in figure_paths)
+        (tmp / "report.md").write_text(f"# {title}\n\n" + "\n\n".join(intro) + "\n\n" + "\n".join(markdown)
+                                       + f"\n## Figures\n\n{links}\n", encoding="utf-8")
+        pngs = {key: tmp / "figures" / f"{stem(key)}.png" for key in figure_paths}
+        tables_html = [table_html(t, sources.note) for t in tables.values()]
+        (tmp / "index.html").write_text(page_html(title, intro, tables_html, pngs), encoding="utf-8")
+    return {"preset": preset, "tables": tables, "figures": figure_paths, "metrics": summary_metrics(results, tables),
+            "results": results}
+
+
+__all__ = ["Sources", "build_report", "make_figures", "stem", "summary_metrics", "TABLES"]

@@ -1,0 +1,261 @@
+"""MLflow -> pandas -> one DataFrame per table (docs/tracking.md is the contract read here).
+
+    results = fetch_results("tiny")                     # every finished run of electralab-tiny
+    table = build_table(TABLES["coco-lm/table3"], results)
+    table.frame    # one line per (row, column): ours (median), std, min, max, published, diff
+
+Conventions (docs/reproducing.md):
+* "ours" is the median over the fine-tuning seeds that the fine-tuning parent run of (run, task)
+  logs as `median_<metric>`; the spread is its `std_`, `min_`, `max_<metric>`.
+* Fine-tuning metrics are logged in percentage points, as the papers print them (88.5, not 0.885).
+* Only FINISHED runs count; when a (run, task) was fine-tuned more than once, the latest start wins.
+* Anything absent stays NaN (rendered "—"), never 0: a missing run, task, metric, or published value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from electralab import tracking
+from electralab.config import PRESETS
+from electralab.errors import ConfigError
+from electralab.report.published import published_table
+from electralab.report.specs import GLUE_AVG, GLUE_AVG_PARTS, TABLES, Column, TableSpec
+
+STATS = ("median", "std", "min", "max")
+FINAL = "final"   # the `checkpoint` tag of a fine-tuning parent on the finished pretraining run
+
+
+@dataclass
+class Results:
+    """What the report reads from one preset's MLflow experiment."""
+    preset: str
+    tracking_uri: str
+    experiment_id: str
+    cells: pd.DataFrame      # run, task, checkpoint, label_fraction, metric, median, std, min, max, run_id
+    pretrain: pd.DataFrame   # run, method, run_id, steps, and final_* metrics: one line per pretraining run
+
+    def final_cells(self) -> pd.DataFrame:
+        return final_cells(self.cells)
+
+
+def final_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """Cells of the finished pretraining runs, fine-tuned on all labels (the tables' cells)."""
+    return cells[(cells["checkpoint"] == FINAL) & (cells["label_fraction"] == 1.0)]
+
+
+def check_preset(preset: str) -> None:
+    if preset not in PRESETS:
+        raise ConfigError(f"preset={preset!r} is not a preset; choose one of {list(PRESETS)}")
+
+
+def _mlflow(tracking_uri: str):
+    import mlflow  # lazily: importing mlflow costs about a second
+
+    mlflow.set_tracking_uri(tracking_uri)
+    return mlflow
+
+
+def experiment_id(preset: str, tracking_uri: str) -> str:
+    """The preset's experiment, or a ConfigError naming it, the store and the experiments it has."""
+    check_preset(preset)
+    mlflow = _mlflow(tracking_uri)
+    name = tracking.experiment_name(preset)
+    found = mlflow.get_experiment_by_name(name)
+    if found is None:
+        known = sorted(e.name for e in mlflow.search_experiments())
+        raise ConfigError(f"no MLflow experiment {name!r} for preset={preset!r} in {tracking_uri} "
+                          f"(experiments there: {', '.join(known) or 'none'}); run the pretrain and finetune "
+                          f"stages of this preset first, or point MLFLOW_TRACKING_URI at their store")
+    return found.experiment_id
+
+
+def _latest_finished(runs: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    runs = runs[runs["status"] == "FINISHED"]
+    return runs.sort_values("start_time").drop_duplicates(key, keep="last")
+
+
+def _search(mlflow, experiment: str, stage: str) -> pd.DataFrame:
+    return mlflow.search_runs(experiment_ids=[experiment], filter_string=f"tags.stage = '{stage}'",
+                              output_format="pandas")
+
+
+def _tag(runs: pd.DataFrame, name: str, default: str) -> pd.Series:
+    """A tag column, `default` where the tag (or the whole column) is absent."""
+    column = f"tags.{name}"
+    if column not in runs:
+        return pd.Series(default, index=runs.index, dtype=object)
+    return runs[column].fillna(default).replace("", default)
+
+
+def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
+    """Fine-tuning parents (one per run, task, checkpoint, label fraction) -> one line per metric."""
+    columns = ["run", "task", "checkpoint", "label_fraction", "metric", *STATS, "run_id"]
+    if parents.empty:
+        return pd.DataFrame(columns=columns)
+    parents = parents.assign(run=_tag(parents, "run", ""), task=_tag(parents, "task", ""),
+                             checkpoint=_tag(parents, "checkpoint", FINAL),
+                             label_fraction=pd.to_numeric(_tag(parents, "label_fraction", "1.0")))
+    parents = _latest_finished(parents, ["run", "task", "checkpoint", "label_fraction"])
+    metrics = sorted(c.removeprefix("metrics.median_") for c in parents if c.startswith("metrics.median_"))
+    lines = []
+    for _, p in parents.iterrows():
+        for m in metrics:
+            if pd.isna(p[f"metrics.median_{m}"]):
+                continue
+            stats = {s: p.get(f"metrics.{s}_{m}", np.nan) for s in STATS}
+            lines.append({"run": p["run"], "task": p["task"], "checkpoint": p["checkpoint"],
+                          "label_fraction": p["label_fraction"], "metric": m, **stats, "run_id": p["run_id"]})
+    return pd.DataFrame(lines, columns=columns).astype({s: float for s in STATS})
+
+
+def _pretrain_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    if runs.empty:
+        return pd.DataFrame(columns=["run", "method", "run_id", "steps"])
+    runs = _latest_finished(runs.assign(run=_tag(runs, "run", "")), ["run"])
+    out = pd.DataFrame({"run": runs["run"], "method": _tag(runs, "method", ""), "run_id": runs["run_id"],
+                        "steps": pd.to_numeric(runs.get("params.pretrain.steps"), errors="coerce")})
+    for column in runs:
+        if column.startswith("metrics.final_"):
+            out[column.removeprefix("metrics.")] = runs[column]
+    return out.reset_index(drop=True)
+
+
+def fetch_results(preset: str, tracking_uri: str | None = None) -> Results:
+    """Every finished pretraining run and fine-tuning parent of the preset's experiment."""
+    uri = tracking_uri or tracking.tracking_uri()
+    experiment = experiment_id(preset, uri)
+    mlflow = _mlflow(uri)
+    cells = _finetune_cells(_search(mlflow, experiment, "finetune"))
+    pretrain = _pretrain_runs(_search(mlflow, experiment, "pretrain"))
+    return Results(preset, uri, experiment, cells, pretrain)
+
+
+def metric_history(results: Results, runs: list[str], metrics: list[str]) -> pd.DataFrame:
+    """Logged values over steps of the pretraining runs: run, metric, step, value (absent ones left out)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(results.tracking_uri)
+    ids = dict(zip(results.pretrain["run"], results.pretrain["run_id"]))
+    lines = []
+    for run in runs:
+        if run not in ids:
+            continue
+        for metric in metrics:
+            lines += [(run, metric, m.step, m.value) for m in client.get_metric_history(ids[run], metric)]
+    history = pd.DataFrame(lines, columns=["run", "metric", "step", "value"])
+    return history.sort_values(["run", "metric", "step"], kind="stable").reset_index(drop=True)
+
+
+# --- tables ----------------------------------------------------------------------------------------
+
+@dataclass
+class BuiltTable:
+    spec: TableSpec
+    preset: str
+    setting: str       # the published setting compared with
+    frame: pd.DataFrame
+    decimals: int      # the paper's printed precision
+
+    @property
+    def title(self) -> str:
+        title = f"{self.spec.name} — ours: {self.preset} preset, paper: {self.setting} setting — {self.spec.caption}"
+        if self.preset == "tiny":
+            title += " [tiny preset: miniature models on a tiny corpus; compare orderings, not values]"
+        if self.spec.differences_from:
+            title += f" (rows other than {self.spec.differences_from}: differences from it)"
+        return title
+
+
+TABLE_COLUMNS = ["preset", "setting", "group", "row", "run", "column", "ours", "std", "min", "max",
+                 "published", "published_std", "diff"]
+
+
+def cell_lookup(cells: pd.DataFrame) -> dict[tuple[str, str, str], dict[str, float]]:
+    """(run, task, metric) -> {median, std, min, max} from final_cells()."""
+    return {(r.run, r.task, r.metric): {s: getattr(r, s) for s in STATS} for r in cells.itertuples()}
+
+
+def glue_average(lookup: dict, run: str) -> float:
+    """The GLUE average of a run from our medians (NaN unless all eight tasks are there)."""
+    values = [lookup.get((run, c.task, c.metric), {}).get("median", np.nan) for c in GLUE_AVG_PARTS]
+    return float(np.mean(values)) if not np.isnan(values).any() else np.nan
+
+
+def cell_value(lookup: dict, run: str | None, column: Column) -> dict[str, float]:
+    """Our median, std, min, max of one (run, column); NaN where absent."""
+    missing = {s: np.nan for s in STATS}
+    if run is None:
+        return missing
+    if column.metric == GLUE_AVG:
+        # The average of medians has no seed spread of its own: std/min/max stay empty.
+        return {**missing, "median": glue_average(lookup, run)}
+    return lookup.get((run, column.task, column.metric), missing)
+
+
+def build_table(spec: TableSpec, results: Results) -> BuiltTable:
+    """One table: our medians and spread, the published value and the difference, per (row, column)."""
+    setting = spec.setting_for[results.preset]
+    pub = published_table(spec.paper, spec.table, setting).set_index(["row", "column"])
+    lookup = cell_lookup(results.final_cells())
+    unknown = [r.published for r in spec.rows[setting] if r.published and r.published not in pub.index]
+    if unknown:
+        raise ConfigError(f"report table {spec.key} names row {unknown[0]!r}, which published.csv does not have "
+                          f"in setting {setting!r}")
+    lines = []
+    for row in spec.rows[setting]:
+        group = pub.loc[row.published, "group"].iloc[0] if row.published else ""
+        for column in spec.columns:
+            ours = cell_value(lookup, row.run, column)
+            key = (row.published, column.name)
+            published = pub.loc[key, "value"] if row.published and key in pub.index else np.nan
+            published_std = pub.loc[key, "std"] if row.published and key in pub.index else np.nan
+            lines.append({"preset": results.preset, "setting": setting, "group": group, "row": row.name,
+                          "run": row.run or "", "column": column.name, "ours": ours["median"], "std": ours["std"],
+                          "min": ours["min"], "max": ours["max"], "published": published,
+                          "published_std": published_std})
+    frame = pd.DataFrame(lines, columns=TABLE_COLUMNS[:-1])
+    if spec.differences_from:
+        frame = _as_differences(frame, spec.differences_from)
+    frame["diff"] = frame["ours"] - frame["published"]
+    return BuiltTable(spec, results.preset, setting, frame, printed_decimals(spec))
+
+
+def printed_decimals(spec: TableSpec) -> int:
+    """The paper's precision in this table (TEAMS prints 81.99, the others 88.5)."""
+    lines = published_table(spec.paper, spec.table)
+    return int(lines.loc[lines["column"] != "Params (M)", "decimals"].max())
+
+
+def _as_differences(frame: pd.DataFrame, base_row: str) -> pd.DataFrame:
+    """AMOS Table 2: every row but the base shown as ours minus our base row (the paper prints the
+    differences the same way). The seeds' min/max move with it; the std is the row's own."""
+    frame = frame.copy()
+    base = frame[frame["row"] == base_row].set_index("column")["ours"]
+    others = frame["row"] != base_row
+    shift = frame.loc[others, "column"].map(base)
+    for stat in ("ours", "min", "max"):
+        frame.loc[others, stat] = frame.loc[others, stat] - shift
+    return frame
+
+
+def build_tables(results: Results) -> dict[str, BuiltTable]:
+    return {key: build_table(spec, results) for key, spec in TABLES.items()}
+
+
+def check_specs(registry_runs) -> None:
+    """Every run a table names must be in params.yaml's registry (a renamed run would leave a row empty)."""
+    registry = set(registry_runs)
+    for spec in TABLES.values():
+        for run in spec.runs():
+            if run not in registry:
+                raise ConfigError(f"report table {spec.key} names run {run!r}, which is not in params.yaml runs "
+                                  f"(known: {', '.join(sorted(registry))})")
+
+
+__all__ = ["BuiltTable", "FINAL", "Results", "TABLE_COLUMNS", "build_table", "build_tables", "cell_lookup", "cell_value",
+           "final_cells",
+           "check_preset", "check_specs", "experiment_id", "fetch_results", "glue_average", "metric_history"]

@@ -1,0 +1,266 @@
+"""Which runs are the rows and which fine-tuning metrics the columns of every table, in the papers'
+order and naming (docs/methods.md maps each row to its run and parameter values).
+
+A table is compared with one of the paper's settings (`setting_for[preset]`): COCO-LM Table 1 under
+the tiny/small/base presets is compared with its base-setting rows, under base_pp with base++.
+For that setting, `rows[setting]` lists the paper's rows in order as (published row, our run):
+run None is a reference-only row (a published baseline we do not train); published None is a row
+we train that the paper does not print in that setting (shown with "—" for the paper).
+
+Columns name a fine-tuning task and metric of the MLflow contract (docs/tracking.md): the parent run
+of (run, task) logs `median_<metric>`, `std_<metric>`, `min_<metric>`, `max_<metric>`. Task None
+with metric "glue_avg" is the GLUE average (COCO-LM Table 1 caption), computed from our medians.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from electralab.config import PRESETS
+
+GLUE_AVG = "glue_avg"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str            # as in published.csv ("MNLI-m", "SQuAD 2.0 EM", ...)
+    task: str | None     # the fine-tuning task (docs/tracking.md); None: computed from the others
+    metric: str          # "accuracy", "accuracy_mm", "mcc", "spearman", "exact", "f1", or GLUE_AVG
+
+
+@dataclass(frozen=True)
+class Row:
+    published: str | None   # the paper's row name in this setting; None: the paper has no such row
+    run: str | None         # our run (params.yaml `runs:`); None: reference only
+    label: str | None = None   # shown name when `published` is None
+
+    @property
+    def name(self) -> str:
+        return self.published or self.label or self.run or "?"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    key: str                                 # "coco-lm/table3": electralab.runs.TABLES and the runs' `tables` tag
+    caption: str                             # the paper's caption, shortened
+    columns: tuple[Column, ...]
+    rows: Mapping[str, tuple[Row, ...]]      # published setting -> rows in the paper's order
+    setting_for: Mapping[str, str]           # preset -> the published setting we compare with
+    differences_from: str | None = None      # a row name: other rows shown as differences from it (AMOS Table 2)
+
+    @property
+    def paper(self) -> str:
+        return self.key.split("/")[0]
+
+    @property
+    def table(self) -> str:
+        return self.key.split("/")[1]
+
+    @property
+    def name(self) -> str:
+        """"COCO-LM Table 3"."""
+        return f"{PAPER_TITLES[self.paper]} Table {self.table.removeprefix('table')}"
+
+    def runs(self) -> list[str]:
+        """Every run named in any setting (unique, in order)."""
+        return list(dict.fromkeys(r.run for rows in self.rows.values() for r in rows if r.run))
+
+
+PAPER_TITLES = {"coco-lm": "COCO-LM", "amos": "AMOS", "teams": "TEAMS"}
+
+
+def _all(setting: str) -> dict[str, str]:
+    return {preset: setting for preset in PRESETS}
+
+
+# --- columns ---------------------------------------------------------------------------------------
+
+MNLI_M = Column("MNLI-m", "mnli", "accuracy")
+MNLI_MM = Column("MNLI-mm", "mnli", "accuracy_mm")
+GLUE_TASKS = (
+    MNLI_M, MNLI_MM,
+    Column("QQP", "qqp", "accuracy"),
+    Column("QNLI", "qnli", "accuracy"),
+    Column("SST-2", "sst2", "accuracy"),
+    Column("CoLA", "cola", "mcc"),
+    Column("RTE", "rte", "accuracy"),
+    Column("MRPC", "mrpc", "accuracy"),
+    Column("STS-B", "stsb", "spearman"),
+)
+# COCO-LM Table 1 caption: Spearman for STS-B, Matthews for CoLA, accuracy for the rest, the average of
+# the eight tasks; MNLI counts once, by its matched accuracy (checked against the printed AVG columns).
+GLUE_AVG_PARTS = tuple(c for c in GLUE_TASKS if c is not MNLI_MM)
+AVG = Column("AVG", None, GLUE_AVG)
+SQUAD2 = (Column("SQuAD 2.0 EM", "squad2", "exact"), Column("SQuAD 2.0 F1", "squad2", "f1"))
+# SQuAD 1.1 (TEAMS only): not in the fine-tuning grid yet (docs/tracking.md lists squad2); the cells stay "—".
+SQUAD1 = (Column("SQuAD 1.1 EM", "squad1", "exact"), Column("SQuAD 1.1 F1", "squad1", "f1"))
+TEAMS_COLUMNS = (Column("GLUE", None, GLUE_AVG), *SQUAD1, *SQUAD2)
+
+
+def ref(name: str) -> Row:
+    return Row(name, None)
+
+
+def ours(run: str, label: str) -> Row:
+    """A row we train that the paper does not print in this setting."""
+    return Row(None, run, label)
+
+
+# --- the tables ------------------------------------------------------------------------------------
+
+COCO_LM_TABLE1 = TableSpec(
+    key="coco-lm/table1",
+    caption="Results on GLUE and SQuAD 2.0 development set",
+    columns=(*GLUE_TASKS, AVG, *SQUAD2),
+    setting_for={**_all("base"), "base_pp": "base++", "large_pp": "large++"},
+    rows={
+        "base": (ref("BERT [11]"), ref("RoBERTa [31]"), ref("XLNet [62]"), ref("ELECTRA [7]"), ref("MC-BERT [61]"),
+                 ref("DeBERTa [23]"), ref("TUPE [26]"),
+                 Row("RoBERTa (Ours)", "mlm"), Row("ELECTRA (Ours)", "electra"), Row("COCO-LM", "cocolm")),
+        "base++": (ref("XLNet [62]"), ref("RoBERTa [31]"), ref("UniLM V2 [1]"), ref("DeBERTa [23]"), ref("CLEAR [59]"),
+                   ours("mlm", "RoBERTa (Ours)"), ours("electra", "ELECTRA (Ours)"), Row("COCO-LM", "cocolm")),
+        "large++": (ref("XLNet [62]"), ref("RoBERTa [31]"), ref("ELECTRA [7]"), ref("DeBERTa [23]"),
+                    Row("COCO-LM", "cocolm"), ref("Megatron 1.3B [49]"), ref("Megatron 3.9B [49]"),
+                    ours("mlm", "RoBERTa (Ours)"), ours("electra", "ELECTRA (Ours)")),
+    },
+)
+
+COCO_LM_TABLE3 = TableSpec(
+    key="coco-lm/table3",
+    caption="Ablations on GLUE Dev. that eliminate (w/o.), keep (Only) or switch (w.) one component",
+    columns=(*GLUE_TASKS, AVG),
+    setting_for=_all("base"),
+    rows={"base": (
+        Row("COCO-LM Base", "cocolm"),
+        Row("RTD Only", "cocolm_rtd_only"),
+        Row("CLM Only", "cocolm_clm_only"),
+        Row("SCL + RTD", "cocolm_scl_rtd"),
+        Row("w/o. Rel-Pos", "cocolm_no_relpos"),
+        Row("w. ELECTRA's Auxiliary", "cocolm_electra_aux"),
+        Row("w. Random Replacements", "cocolm_random_replace"),
+        Row("w. Converged Auxiliary", "cocolm_converged_aux"),
+        Row("All-Token LM Only", "cocolm_all_token_lm"),
+        Row("CLM w/o. Copy", "cocolm_no_copy"),
+        Row("CLM w/o. Stop-grad", "cocolm_no_stopgrad"),
+    )},
+)
+
+AMOS_TABLE1 = TableSpec(
+    key="amos/table1",
+    caption="Results on GLUE and SQuAD 2.0 development set",
+    columns=(*GLUE_TASKS, AVG, *SQUAD2),
+    # AMOS has no large setting: large_pp is compared with base++ (same data and steps).
+    setting_for={**_all("base"), "base_pp": "base++", "large_pp": "base++"},
+    rows={
+        # The RoBERTa and ELECTRA rows print the numbers of COCO-LM's RoBERTa (Ours) / ELECTRA (Ours).
+        "base": (ref("BERT (Devlin et al., 2019)"), Row("RoBERTa (Liu et al., 2019)", "mlm"),
+                 ref("XLNet (Yang et al., 2019)"), ref("DeBERTa (He et al., 2021)"), ref("TUPE (Ke et al., 2020)"),
+                 Row("ELECTRA (Clark et al., 2020)", "electra"), ref("+HP Loss +Focal (Hao et al., 2021)"),
+                 ref("MC-BERT (Xu et al., 2020)"), Row("COCO-LM (Meng et al., 2021)", "cocolm"), Row("AMOS", "amos")),
+        "base++": (ref("XLNet (Yang et al., 2019)"), ref("RoBERTa (Liu et al., 2019)"),
+                   ref("UniLM V2 (Bao et al., 2020)"), ref("DeBERTa (He et al., 2021)"), ref("CLEAR (Wu et al., 2020)"),
+                   ours("mlm", "RoBERTa (Ours)"), ours("electra", "ELECTRA (Ours)"),
+                   Row("COCO-LM (Meng et al., 2021)", "cocolm"), Row("AMOS", "amos")),
+    },
+)
+
+_AMOS_ABLATIONS = (
+    ("AMOS Base", "amos"),
+    ("w. random layer", "amos_random_layer"),
+    ("w. layer switch", "amos_layer_switch"),
+    ("- adv. train", "amos_no_adv"),
+    ("+ adv. MLM", "amos_adv_mlm"),
+    ("w. final mix weights", "amos_final_mix"),          # Table 8 only
+    ("- stop grad.", "amos_no_stopgrad"),
+    ("w. separate MLM gen.", "amos_separate_gen"),
+    ("w. three 4-layer gen.", "amos_three_4layer"),      # Table 8 only
+    ("4-layer gen.", "amos_gen4"),
+    ("6-layer gen.", "amos_gen6"),
+    ("8-layer gen.", "amos_gen8"),
+    ("12-layer gen.", "amos_gen12"),
+)
+_TABLE8_ONLY = {"w. final mix weights", "w. three 4-layer gen."}
+
+AMOS_TABLE2 = TableSpec(
+    key="amos/table2",
+    caption="Ablations on MNLI/SQuAD 2.0 dev sets; differences (in absolute points) from AMOS Base",
+    columns=(MNLI_M, MNLI_MM, *SQUAD2),
+    setting_for=_all("base"),
+    rows={"base": tuple(Row(name, run) for name, run in _AMOS_ABLATIONS if name not in _TABLE8_ONLY)},
+    differences_from="AMOS Base",
+)
+
+AMOS_TABLE8 = TableSpec(
+    key="amos/table8",
+    caption="Ablations on the development sets of all GLUE tasks and SQuAD 2.0 (median and std of five seeds)",
+    columns=(*GLUE_TASKS, *SQUAD2),
+    setting_for=_all("base"),
+    rows={"base": tuple(Row(name, run) for name, run in _AMOS_ABLATIONS)},
+)
+
+AMOS_TABLE9 = TableSpec(
+    key="amos/table9",
+    caption="Different numbers of MLM heads in the generator (median and std of five seeds)",
+    columns=(*GLUE_TASKS, *SQUAD2),
+    setting_for=_all("base"),
+    rows={"base": (Row("On (4,6,8) (AMOS)", "amos"), Row("On (4,8)", "amos_exits_4_8"),
+                   Row("On (2,4,6,8)", "amos_exits_2_4_6_8"), Row("On all 8", "amos_exits_all8"))},
+)
+
+
+def _teams_table1_rows(size: str, public_checkpoint: bool) -> tuple[Row, ...]:
+    rows = [Row(f"BERT-{size}", "mlm"), Row(f"ELECTRA-{size} (Our reimplementation)", "electra")]
+    if public_checkpoint:   # ELECTRA released Small++, Base++ and Large checkpoints only
+        rows.append(ref(f"ELECTRA-{size} (Public checkpoint re-evaluate)"))
+    return (*rows, Row(f"TEAMS-{size}", "teams"))
+
+
+TEAMS_TABLE1 = TableSpec(
+    key="teams/table1",
+    caption="TEAMS and baselines on GLUE and SQuAD (medians of 15 fine-tuning runs in the paper)",
+    columns=TEAMS_COLUMNS,
+    # The small preset is TEAMS-Small's main model (12 x 256); tiny is compared with it too.
+    setting_for={"tiny": "small", "small": "small", "base": "base", "base_pp": "base++", "large_pp": "large"},
+    rows={"small": _teams_table1_rows("Small", False), "small++": _teams_table1_rows("Small++", True),
+          "base": _teams_table1_rows("Base", False), "base++": _teams_table1_rows("Base++", True),
+          "large": _teams_table1_rows("Large", True)},
+)
+
+TEAMS_TABLE2 = TableSpec(
+    key="teams/table2",
+    caption="Effectiveness of multi-task pre-training (small++ models in the paper)",
+    columns=TEAMS_COLUMNS,
+    setting_for=_all("small++"),
+    rows={"small++": (Row("Only MLM (i.e., BERT)", "mlm"), Row("Only RTD (i.e., ELECTRA)", "electra"),
+                      Row("Only MWS", "teams_only_mws"), Row("RTD + MWS (i.e., TEAMS)", "teams"))},
+)
+
+TEAMS_TABLE3 = TableSpec(
+    key="teams/table3",
+    caption="Task-specific layers and exported representations (small++ models in the paper)",
+    columns=TEAMS_COLUMNS,
+    setting_for=_all("small++"),
+    rows={"small++": (Row("ELECTRA-Small++", "electra"), Row("TEAMS-Small++", "teams"),
+                      Row("Use FFN task heads", "teams_ffn_heads"), Row("Add task head on 12th layer", "teams_heads_on_top"),
+                      Row("Use RTD task head outputs", "teams_rtd_outputs"))},
+)
+
+TEAMS_TABLE4 = TableSpec(
+    key="teams/table4",
+    caption="Sharing generator and discriminator bottom layers (small++ and base++ models in the paper)",
+    columns=TEAMS_COLUMNS,
+    setting_for={"tiny": "small++", "small": "small++", "base": "base++", "base_pp": "base++", "large_pp": "base++"},
+    rows={"small++": (Row("ELECTRA-Small++", "electra"), Row("TEAMS-Small++", "teams"),
+                      Row("Full Tie", "teams_full_tie"), Row("No Tie", "teams_no_tie")),
+          "base++": (Row("ELECTRA-Base++", "electra"), Row("TEAMS-Base++", "teams"),
+                     ours("teams_full_tie", "Full Tie"), Row("No Tie", "teams_no_tie"))},
+)
+
+TABLES: dict[str, TableSpec] = {spec.key: spec for spec in (
+    COCO_LM_TABLE1, COCO_LM_TABLE3, AMOS_TABLE1, AMOS_TABLE2, AMOS_TABLE8, AMOS_TABLE9,
+    TEAMS_TABLE1, TEAMS_TABLE2, TEAMS_TABLE3, TEAMS_TABLE4)}
+
+
+__all__ = ["AVG", "Column", "GLUE_AVG", "GLUE_AVG_PARTS", "GLUE_TASKS", "Row", "SQUAD1", "SQUAD2", "TABLES",
+           "TableSpec"]

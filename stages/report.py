@@ -1,0 +1,65 @@
+"""DVC stage report: the papers' tables and figures for the active preset, from MLflow.
+
+    python stages/report.py            # what `dvc repro report` runs (the last stage of dvc.yaml)
+
+Reads MLflow (the preset's experiment `electralab-<preset>`; docs/tracking.md) and, for COCO-LM
+Fig. 1/5 only, STS-B dev and the corpus mirror under $ELECTRALAB_DATA. Writes reports/ (one atomic
+directory: index.html, report.md, tables/, figures/, plots/) and metrics/report.json, then logs the
+directory to MLflow as a `stage=report` run. docs/reproducing.md explains how to read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import stage_main  # noqa: E402
+
+from electralab.config import Preset, load_params  # noqa: E402
+from electralab.env import data_root, repo_root  # noqa: E402
+from electralab.io import write_json  # noqa: E402
+from electralab.report import Sources, build_report  # noqa: E402
+from electralab.report.track import log_report  # noqa: E402
+
+
+def describe(preset_name: str, preset: Preset, mirror: bool) -> str:
+    """The data and model a preset's numbers come from, one line (printed under every table title)."""
+    m, p = preset.model, preset.pretrain
+    corpus = (", ".join(f.file for f in preset.corpus.mirror) + " (offline mirror)" if mirror
+              else ", ".join(h.path for h in preset.corpus.hub) + " (Hugging Face hub)")
+    cap = f", first {preset.corpus.max_documents} documents" if preset.corpus.max_documents else ""
+    return (f"{preset_name} preset: corpus {corpus}{cap}; {preset.vocab.size}-piece "
+            f"{'uncased' if preset.corpus.uncased else 'cased'} {preset.vocab.model_type.upper()}; main model "
+            f"{m.layers} layers x {m.hidden} hidden; {p.steps} steps x {p.batch_size} sequences x "
+            f"{preset.shards.seq_len} tokens")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", default="params.yaml")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # one bar per encoder otherwise
+
+    params = load_params(args.params)
+    preset = params.active
+    data = data_root()   # the offline mirror, or None: then Fig. 1/5 says "no data yet"
+    corpus = [data / "corpus" / f.file for f in preset.corpus.mirror] if data else []
+    sources = Sources(note=describe(params.preset, preset, mirror=data is not None),
+                      stsb_dev=data / "glue" / "STS-B" / "dev.tsv" if data else None,
+                      corpus_files=tuple(f for f in corpus if f.exists()), uncased=preset.corpus.uncased)
+    root = repo_root()
+    out = root / "reports"
+    built = build_report(params.preset, out, sources=sources, runs=params.runs)
+    write_json(root / "metrics" / "report.json", built["metrics"])
+    run_id = log_report(built["results"], out, built["tables"])
+    filled = sum(c["filled"] for c in built["metrics"]["cells"].values())
+    total = sum(c["total"] for c in built["metrics"]["cells"].values())
+    print(f"report ({params.preset}): {filled}/{total} of our table cells filled -> {out / 'index.html'} "
+          f"(MLflow run {run_id})")
+
+
+if __name__ == "__main__":
+    stage_main(main)

@@ -1,0 +1,170 @@
+"""The report stage end to end on the populated MLflow store: every file written, the DVC stage's
+plots files as declared, the report logged to MLflow with one row run per table row, and nothing
+partial when the build fails half-way."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from electralab.report import stem
+from electralab.report.specs import TABLES
+from electralab.report.track import ROW_STAGE
+
+from helpers import single_thread  # noqa: F401
+from report_helpers import CORPUS, _run, median_of
+
+pytestmark = pytest.mark.usefixtures("single_thread")   # tiny models: threads only add overhead
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ["coco-lm/fig1-5", "coco-lm/fig3", "coco-lm/fig4", "coco-lm/fig7a", "coco-lm/fig8", "amos/fig3a",
+           "amos/fig3b", "amos/fig4", "teams/fig4", "teams/fig5"]
+
+
+def load_stage():
+    spec = importlib.util.spec_from_file_location("report_stage", ROOT / "stages" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def project(tmp_path: Path, preset: str) -> tuple[Path, Path]:
+    """A project root with params.yaml (the given preset) and an offline data mirror for Fig. 1/5."""
+    root, data = tmp_path / "project", tmp_path / "data"
+    (data / "glue" / "STS-B").mkdir(parents=True)
+    (data / "corpus").mkdir()
+    (data / "glue" / "STS-B" / "dev.tsv").write_text(
+        "sentence1\tsentence2\tscore\nA man runs.\tA man is running.\t5.000\nA dog.\tA cat.\t1.0\n", encoding="utf-8")
+    text = CORPUS.read_text(encoding="utf-8")[:50_000]
+    for name in ("wikitext-2-raw_test_nonblank.txt", "enwiki_featured_articles.txt", "enwiki_good_articles_sample.txt"):
+        (data / "corpus" / name).write_text(text, encoding="utf-8")
+    root.mkdir()
+    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params["preset"] = preset
+    (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    return root, data
+
+
+@pytest.fixture
+def env(monkeypatch, store):
+    def use(root: Path, data: Path) -> None:
+        monkeypatch.setenv("DVC_ROOT", str(root))
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
+        monkeypatch.setenv("ELECTRALAB_DATA", str(data))
+    return use
+
+
+def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
+    from mlflow import MlflowClient
+
+    root, data = project(tmp_path, "tiny")
+    env(root, data)
+    stage = load_stage()
+    stage.main(["--params", str(root / "params.yaml")])
+
+    reports = root / "reports"
+    for key in TABLES:
+        assert (reports / "tables" / f"{stem(key)}.md").read_text().startswith(f"### {TABLES[key].name} — ours: tiny")
+        assert "Data: tiny preset: corpus wikitext-2-raw_test_nonblank.txt (offline mirror)" in \
+            (reports / "tables" / f"{stem(key)}.md").read_text()
+        csv = pd.read_csv(reports / "tables" / f"{stem(key)}.csv")
+        assert (csv["preset"] == "tiny").all()
+    for key in FIGURES:
+        assert (reports / "figures" / f"{stem(key)}.png").read_bytes().startswith(b"\x89PNG")
+    page = (reports / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == len(FIGURES) and page.count("<table>") == len(TABLES)
+    assert "| `cocolm_rtd_only` |" in (reports / "report.md").read_text()
+    t3 = pd.read_csv(reports / "tables" / "coco-lm_table3.csv")
+    rte = t3[(t3["row"] == "CLM w/o. Copy") & (t3["column"] == "RTE")].iloc[0]
+    assert pd.isna(rte["ours"]) and rte["published"] == 76.9        # missing stays empty in the CSV
+    metrics = json.loads((root / "metrics" / "report.json").read_text())
+    assert metrics["mnli_m"]["mlm"] == median_of("mlm", "mnli", "accuracy")
+    assert "cocolm_no_copy" not in metrics["glue_avg"]              # 7 of 8 tasks: no average
+    assert metrics["cells"]["coco-lm/table3"] == {"filled": 98, "total": 110}
+
+    # The DVC stage proposed for dvc.yaml: its deps exist, its plots files are the ones written.
+    snippet = yaml.safe_load((ROOT / "report.dvc-stage.yaml").read_text())
+    report = snippet["stages"]["report"]
+    assert report["always_changed"] is True and report["outs"] == ["reports"]
+    assert all((ROOT / d).exists() for d in report["deps"] if not d.startswith("metrics/"))
+    for entry in snippet["plots"]:
+        if isinstance(entry, str):
+            assert (root / entry).is_dir()
+            continue
+        (path, spec), = entry.items()
+        columns = pd.read_csv(root / path).columns
+        assert spec["x"] in columns and set(spec["y"]) <= set(columns), path
+
+    # MLflow: the report run with the directory as artifacts, one child per (table, row we train).
+    client = MlflowClient(store.uri)
+    experiment = client.get_experiment_by_name("electralab-tiny").experiment_id
+    report_runs = client.search_runs([experiment], "tags.stage = 'report'")
+    assert len(report_runs) == 1 and report_runs[0].info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(report_runs[0].info.run_id)} >= \
+        {"index.html", "report.md", "tables", "figures", "plots"}
+    rows = client.search_runs([experiment], f"tags.stage = '{ROW_STAGE}' and tags.report_latest = 'true' "
+                                            "and tags.tables = 'coco-lm/table3'")
+    assert len(rows) == 11
+    rtd = [r for r in rows if r.data.tags["run"] == "cocolm_rtd_only"][0]
+    assert rtd.data.metrics["CoLA"] == median_of("cocolm_rtd_only", "cola", "mcc")
+    assert rtd.data.metrics["published/CoLA"] == 67.3 and rtd.data.metrics["std/CoLA"] == 0.3
+    assert rtd.data.tags["mlflow.parentRunId"] == report_runs[0].info.run_id
+
+    # A second build: the filter shows only the newest rows.
+    stage.main(["--params", str(root / "params.yaml")])
+    assert len(client.search_runs([experiment], "tags.stage = 'report'")) == 2
+    latest = client.search_runs([experiment], f"tags.stage = '{ROW_STAGE}' and tags.report_latest = 'true' "
+                                              "and tags.tables = 'coco-lm/table3'")
+    assert len(latest) == 11 and {r.info.run_id for r in latest}.isdisjoint({r.info.run_id for r in rows})
+
+
+def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, store, capsys):
+    """The `small` experiment's mlm run logged a broken encoder: the build fails at Fig. 1/5, after the
+    tables were written into the temporary directory."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store.uri)
+    experiment = client.create_experiment("electralab-small", artifact_location=(tmp_path / "art").as_uri())
+    broken = tmp_path / "encoder"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"format": "something-else"}')
+    (broken / "tokenizer.model").write_bytes(store.spm_model.read_bytes())
+    rid = _run(client, experiment, "mlm", {"run": "mlm", "stage": "pretrain", "preset": "small"}, status="RUNNING")
+    client.log_artifacts(rid, str(broken), "encoder")
+    client.set_terminated(rid, "FINISHED")
+
+    root, data = project(tmp_path, "small")
+    env(root, data)
+    (root / "reports").mkdir()
+    (root / "reports" / "index.html").write_text("the previous report")
+    stage = load_stage()
+    with pytest.raises(SystemExit) as exit_info:
+        stage.stage_main(lambda: stage.main(["--params", str(root / "params.yaml")]))
+    assert exit_info.value.code == 2
+    assert "format='something-else'" in capsys.readouterr().err   # load_encoder's error, one line
+    assert [p.name for p in (root / "reports").iterdir()] == ["index.html"]
+    assert (root / "reports" / "index.html").read_text() == "the previous report"
+    assert not (root / "metrics").exists()
+    assert [p.name for p in root.iterdir() if p.name.startswith(".tmp-")] == []
+    assert client.search_runs([experiment], "tags.stage = 'report'") == []
+
+
+def test_cli_without_an_experiment_for_the_preset_is_one_line_exit_2(tmp_path, store):
+    root, data = project(tmp_path, "base")
+    env = {**os.environ, "DVC_ROOT": str(root), "MLFLOW_TRACKING_URI": store.uri, "ELECTRALAB_DATA": str(data),
+           "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, str(ROOT / "stages" / "report.py"), "--params", str(root / "params.yaml")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "no MLflow experiment 'electralab-base' for preset='base'" in error[0]
+    assert "Traceback" not in proc.stderr
+    assert not (root / "reports").exists()
