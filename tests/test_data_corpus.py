@@ -105,6 +105,16 @@ def test_hub_reader_with_datasets(tmp_path):
                     "title two\nonly para.", "beta\nbeta text ."]
 
 
+def test_hub_sentences_are_grouped(tmp_path):
+    """BookCorpus on the hub is one sentence per row with no book boundaries: group them."""
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "books.txt").write_text("one .\ntwo .\n\nthree .\nfour .\nfive .\n")
+    cfg = CorpusConfig(hub=(HubSource(path=str(tmp_path / "books"), format="sentences", sentences_per_document=2),),
+                       mirror=())
+    build_corpus(cfg, tmp_path / "corpus", None)
+    assert list(iter_documents(tmp_path / "corpus")) == ["one .\ntwo .", "three .\nfour .", "five ."]
+
+
 def test_hub_missing_dataset_names_it(tmp_path):
     cfg = CorpusConfig(hub=(HubSource(path="electralab-tests/no-such-dataset"),), mirror=())
     with pytest.raises(DataError, match=r"corpus.hub\[0\]: cannot open hub dataset 'electralab-tests/no-such-dataset'"):

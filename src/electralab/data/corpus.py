@@ -95,7 +95,7 @@ def wikitext_documents(lines: Iterable[str]) -> Iterator[Document]:
 
 
 def hub_documents(src: HubSource, where: str) -> Iterator[Document]:
-    """Documents streamed from the Hugging Face hub (rows are documents, or WikiText lines)."""
+    """Documents streamed from the Hugging Face hub (rows are documents, WikiText lines or sentences)."""
     import datasets   # imported here: a second of start-up that the mirror path does not need
 
     try:
@@ -114,6 +114,16 @@ def hub_documents(src: HubSource, where: str) -> Iterator[Document]:
 
     if src.format == "wikitext":
         yield from wikitext_documents(texts())
+    elif src.format == "sentences":
+        doc: Document = []
+        for text in texts():
+            if text.strip():
+                doc.append(text)
+            if len(doc) == src.sentences_per_document:
+                yield doc
+                doc = []
+        if doc:
+            yield doc
     else:
         for text in texts():
             paragraphs = [p for p in text.split("\n") if p.strip()]
