@@ -50,10 +50,9 @@ from electralab.io import atomic_dir, read_json, sha256_file, write_json
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "validation")
-# Words kept by each worker's cache before it starts afresh: bounds a worker's memory (~150 MB) on any
-# corpus, while the frequent words that make up most tokens are back in the cache within a row group.
+# Words kept by each worker's cache before it starts afresh: bounds the cache (~20 MB of Arrow and numpy
+# arrays) on any corpus, while the frequent words that make up most tokens are back within a row group.
 WORD_CACHE_MAX = 500_000
-DOC_END = "\n"   # cache key for the [SEP] that ends a document: no word can contain a newline
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -185,7 +184,7 @@ def encode_corpus(corpus_dir: Path, manifest: dict, model_path: Path, validation
     # each), which matters for small corpora. Safe here: a worker uses only numpy, Arrow and sentencepiece,
     # never a thread pool inherited from the parent (Arrow re-creates its pools after a fork).
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    with ctx.Pool(min(workers, max(len(tasks), 1)), initializer=_init_worker, initargs=init_args) as pool:
+    with ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=init_args) as pool:
         yield from pool.imap(_encode_row_group, tasks)
 
 
