@@ -10,19 +10,14 @@ directory to MLflow as a `stage=report` run. docs/reproducing.md explains how to
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import stage_main  # noqa: E402
-
-from electralab.config import Preset, load_params  # noqa: E402
-from electralab.env import data_root, repo_root  # noqa: E402
-from electralab.io import write_json  # noqa: E402
-from electralab.report import Sources, build_report  # noqa: E402
-from electralab.report.track import log_report  # noqa: E402
+from electralab.cli import run_stage
+from electralab.config import Params, Preset
+from electralab.env import data_root, repo_root
+from electralab.io import write_json
+from electralab.report import Sources, build_report
+from electralab.report.track import log_report
 
 
 def describe(preset_name: str, preset: Preset, mirror: bool) -> str:
@@ -37,19 +32,14 @@ def describe(preset_name: str, preset: Preset, mirror: bool) -> str:
             f"{preset.shards.seq_len} tokens")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--params", default="params.yaml")
-    args = parser.parse_args(argv)
+def main(params: Params, args=None) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # one bar per encoder otherwise
-
-    params = load_params(args.params)
     preset = params.active
     data = data_root()   # the offline mirror, or None: then Fig. 1/5 says "no data yet"
     corpus = [data / "corpus" / f.file for f in preset.corpus.mirror] if data else []
     sources = Sources(note=describe(params.preset, preset, mirror=data is not None),
                       stsb_dev=data / "glue" / "STS-B" / "dev.tsv" if data else None,
-                      corpus_files=tuple(f for f in corpus if f.exists()), uncased=preset.corpus.uncased)
+                      corpus_files=tuple(f for f in corpus if f.exists()))
     root = repo_root()
     out = root / "reports"
     built = build_report(params.preset, out, sources=sources, runs=params.runs)
@@ -62,4 +52,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    stage_main(main)
+    run_stage("report", main)

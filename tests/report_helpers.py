@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared"
-CORPUS = SHARED / "data" / "corpus" / "wikitext-2-raw_test_nonblank.txt"
+from conftest import VOCAB, WIKITEXT, mirror_root  # noqa: E402  (the shared data fixtures)
+
+CORPUS = mirror_root() / "corpus" / WIKITEXT
+VOCAB_SIZE = VOCAB.size   # encoders here use the session vocabulary (conftest.vocab_dir)
 
 # (task, metrics) as the fine-tuning parents log them
 TASKS = {"mnli": ("accuracy", "accuracy_mm"), "qqp": ("accuracy", "f1"), "qnli": ("accuracy",),
@@ -45,22 +47,7 @@ def median_of(run: str, task: str, metric: str) -> float:
 class Store:
     uri: str
     root: Path
-    spm_model: Path
-
-
-def train_spm(directory: Path) -> Path:
-    """A tiny real sentencepiece BPE model with the project's fixed special ids."""
-    import sentencepiece as spm
-
-    text = directory / "corpus.txt"
-    with open(CORPUS, encoding="utf-8") as f:
-        text.write_text(f.read(40_000), encoding="utf-8")
-    spm.set_random_generator_seed(1)
-    spm.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(directory / "spm"), vocab_size=300, model_type="bpe",
-        pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
-        user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], normalization_rule_name="identity", minloglevel=2)
-    return directory / "spm.model"
+    vocab_dir: Path   # a real vocabulary (the vocab stage on a slice of the mirror)
 
 
 def tiny_encoder(vocab: int, seed: int):
@@ -99,7 +86,7 @@ def finetune_tags(run: str, task: str, checkpoint: str = "final") -> dict:
             "task": task, "checkpoint": checkpoint, "label_fraction": "1.0", "seed": "1"}
 
 
-def populate(client, experiment: str, spm_model: Path, work: Path) -> None:
+def populate(client, experiment: str, vocab_dir: Path, work: Path) -> None:
     from mlflow.entities import Metric
 
     from electralab.export import save_encoder
@@ -122,7 +109,7 @@ def populate(client, experiment: str, spm_model: Path, work: Path) -> None:
                                        for step in range(10, STEPS + 1, 10)])
         if run in ENCODER_RUNS:
             enc_dir = work / f"encoder-{run}"
-            save_encoder(tiny_encoder(300, seed=i), enc_dir, tokenizer_model=spm_model)
+            save_encoder(tiny_encoder(VOCAB_SIZE, seed=i), enc_dir, vocab_dir)
             client.log_artifacts(rid, str(enc_dir), "encoder")
         client.log_batch(rid, metrics=[Metric("final_wall_hours", 1.0 + i, t0, 0)])
         client.set_terminated(rid, "FINISHED")
@@ -150,7 +137,7 @@ COCOLM_MNLI = 66.6   # the re-run's value
 
 
 @pytest.fixture(scope="session")
-def store(tmp_path_factory) -> Store:
+def store(tmp_path_factory, vocab_dir) -> Store:
     """The populated store (experiment electralab-tiny). Tests may add report runs (the report never
     reads them back) and other presets' experiments, nothing else."""
     from mlflow import MlflowClient
@@ -159,6 +146,5 @@ def store(tmp_path_factory) -> Store:
     uri = f"sqlite:///{root / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment = client.create_experiment("electralab-tiny", artifact_location=(root / "artifacts").as_uri())
-    spm_model = train_spm(root)
-    populate(client, experiment, spm_model, root)
-    return Store(uri, root, spm_model)
+    populate(client, experiment, vocab_dir, root)
+    return Store(uri, root, vocab_dir)

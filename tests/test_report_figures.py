@@ -11,12 +11,13 @@ import torch
 import torch.nn.functional as F_
 
 from electralab import CLS_ID, SEP_ID
+from electralab.data.vocab import Tokenizer
 from electralab.report import Sources, cosines
 from electralab.report import figures as F
 from electralab.report.build import fetch_results, metric_history
 
 from helpers import single_thread  # noqa: F401
-from report_helpers import CORPUS, ENCODER_RUNS, STEPS, median_of, tiny_encoder
+from report_helpers import CORPUS, ENCODER_RUNS, STEPS, VOCAB_SIZE, median_of, tiny_encoder
 
 pytestmark = pytest.mark.usefixtures("single_thread")   # tiny models: threads only add overhead
 
@@ -135,7 +136,7 @@ def test_sweep_figures_plot_final_medians(results, tmp_path):
 
 def test_pair_cosines_match_an_unbatched_computation(store):
     torch.manual_seed(0)
-    encoder = tiny_encoder(300, seed=7)
+    encoder = tiny_encoder(VOCAB_SIZE, seed=7)
     with torch.no_grad():   # larger weights than BERT's init, so that [CLS] states differ between texts
         for p in encoder.parameters():
             if p.dim() > 1:
@@ -143,8 +144,9 @@ def test_pair_cosines_match_an_unbatched_computation(store):
     pairs = [("A man is playing a guitar.", "A man plays the guitar loudly on a stage tonight."),
              ("The cat sat.", "Stocks fell sharply in early trading on Monday, analysts said."),
              ("Same text here.", "Same text here.")]
-    got = F.pair_cosines(encoder, store.spm_model, pairs)
-    ids = F.encode_texts(store.spm_model, [t for p in pairs for t in p], uncased=True, max_len=64)
+    tokenizer = Tokenizer(store.vocab_dir)
+    got = F.pair_cosines(encoder, tokenizer, pairs)
+    ids = F.encode_texts(tokenizer, [t for p in pairs for t in p], max_len=64)
     assert all(x[0] == CLS_ID and x[-1] == SEP_ID for x in ids)
     encoder.eval()
     with torch.no_grad():   # one sequence at a time: no padding, no mask
@@ -155,9 +157,9 @@ def test_pair_cosines_match_an_unbatched_computation(store):
 
 
 def test_encode_texts_normalises_like_the_corpus(store):
-    assert F.encode_texts(store.spm_model, ["  Café\tTHE  film "], True, 64) == \
-        F.encode_texts(store.spm_model, ["cafe the film"], True, 64)
-    assert len(F.encode_texts(store.spm_model, ["word " * 500], True, 32)[0]) == 32
+    tokenizer = Tokenizer(store.vocab_dir)   # uncased, like the session corpus
+    assert F.encode_texts(tokenizer, ["  Café\tTHE  film "], 64) == F.encode_texts(tokenizer, ["cafe the film"], 64)
+    assert len(F.encode_texts(tokenizer, ["word " * 500], 32)[0]) == 32
 
 
 def test_stsb_reader_and_corpus_pairs(tmp_path):

@@ -68,7 +68,7 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     root, data = project(tmp_path, "tiny")
     env(root, data)
     stage = load_stage()
-    stage.main(["--params", str(root / "params.yaml")])
+    stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml")])
 
     reports = root / "reports"
     for key in TABLES:
@@ -119,7 +119,7 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     assert rtd.data.tags["mlflow.parentRunId"] == report_runs[0].info.run_id
 
     # A second build: the filter shows only the newest rows.
-    stage.main(["--params", str(root / "params.yaml")])
+    stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml")])
     assert len(client.search_runs([experiment], "tags.stage = 'report'")) == 2
     latest = client.search_runs([experiment], f"tags.stage = '{ROW_STAGE}' and tags.report_latest = 'true' "
                                               "and tags.tables = 'coco-lm/table3'")
@@ -136,7 +136,8 @@ def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, stor
     broken = tmp_path / "encoder"
     broken.mkdir()
     (broken / "config.json").write_text('{"format": "something-else"}')
-    (broken / "tokenizer.model").write_bytes(store.spm_model.read_bytes())
+    for name in ("spm.model", "tokenizer.json"):
+        (broken / name).write_bytes((store.vocab_dir / name).read_bytes())
     rid = _run(client, experiment, "mlm", {"run": "mlm", "stage": "pretrain", "preset": "small"}, status="RUNNING")
     client.log_artifacts(rid, str(broken), "encoder")
     client.set_terminated(rid, "FINISHED")
@@ -147,7 +148,7 @@ def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, stor
     (root / "reports" / "index.html").write_text("the previous report")
     stage = load_stage()
     with pytest.raises(SystemExit) as exit_info:
-        stage.stage_main(lambda: stage.main(["--params", str(root / "params.yaml")]))
+        stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml")])
     assert exit_info.value.code == 2
     assert "format='something-else'" in capsys.readouterr().err   # load_encoder's error, one line
     assert [p.name for p in (root / "reports").iterdir()] == ["index.html"]

@@ -55,8 +55,11 @@ class HubSource:
     split: str = "train"
     text_field: str = "text"
     # How rows become documents: "document" = one row is one document (Wikipedia, OpenWebText);
-    # "wikitext" = rows are lines of WikiText, whose " = Title = " headings start a new article.
-    format: Literal["document", "wikitext"] = "document"
+    # "wikitext" = rows are lines of WikiText, whose " = Title = " headings start a new article;
+    # "sentences" = rows are consecutive sentences with no document boundaries (BookCorpus on the
+    # hub): every `sentences_per_document` of them form one document, so [SEP]s stay rare.
+    format: Literal["document", "wikitext", "sentences"] = "document"
+    sentences_per_document: int = bounded(256, lo=1)
 
 
 @dataclass(frozen=True)

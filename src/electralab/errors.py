@@ -5,8 +5,12 @@ class ConfigError(ValueError):
     """Bad configuration or input: the message names the key path or file, the value and what is allowed."""
 
 
+class DataError(ValueError):
+    """Bad input data (missing, empty, unreadable, corrupt): the message names the file and what is wrong."""
+
+
 class TrainingDiverged(RuntimeError):
     """The loss (or gradient norm) stopped being finite; the message names the run, step and checkpoint."""
 
 
-EXPECTED_ERRORS = (ConfigError, TrainingDiverged)
+EXPECTED_ERRORS = (ConfigError, DataError, TrainingDiverged)

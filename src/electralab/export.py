@@ -3,7 +3,7 @@
 Our format (every configuration, including relative positions), a directory with:
     config.json   {"format": "electralab-encoder", "version": 1, "vocab_size": V, "encoder": {...}}
     weights.pt    the Encoder's state_dict (torch.save; load with weights_only=True)
-    tokenizer.model  the run's sentencepiece model, when given
+    spm.model, tokenizer.json   the run's vocabulary (data/vocab), when given: `Tokenizer(directory)` loads it
 Load it with `load_encoder(directory)`.
 
 Hugging Face format (absolute-position configurations): `ElectraModel` weights and config that
@@ -29,15 +29,26 @@ from electralab.model.encoder import Encoder
 FORMAT = "electralab-encoder"
 
 
-def save_encoder(encoder: Encoder, directory: str | Path, tokenizer_model: str | Path | None = None) -> None:
+VOCAB_FILES = ("spm.model", "spm.vocab", "tokenizer.json")   # what electralab.data.vocab.Tokenizer reads
+
+
+def copy_vocab(vocab_dir: str | Path | None, directory: Path) -> None:
+    """Ship the run's vocabulary with an exported model, so the directory is also a Tokenizer dir."""
+    if vocab_dir is None:
+        return
+    for name in VOCAB_FILES:
+        if (Path(vocab_dir) / name).exists():
+            shutil.copyfile(Path(vocab_dir) / name, directory / name)
+
+
+def save_encoder(encoder: Encoder, directory: str | Path, vocab_dir: str | Path | None = None) -> None:
     directory = Path(directory)
     with atomic_dir(directory) as tmp:
         write_json(tmp / "config.json", {"format": FORMAT, "version": 1,
                                          "vocab_size": encoder.embeddings.tokens.num_embeddings,
                                          "encoder": dataclasses.asdict(encoder.cfg)})
         torch.save({k: v.detach().cpu() for k, v in encoder.state_dict().items()}, tmp / "weights.pt")
-        if tokenizer_model is not None:
-            shutil.copyfile(tokenizer_model, tmp / "tokenizer.model")
+        copy_vocab(vocab_dir, tmp)
 
 
 def load_encoder(directory: str | Path, map_location: str | torch.device = "cpu") -> Encoder:
@@ -105,7 +116,7 @@ def huggingface_state_dict(encoder: Encoder) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
 
-def save_huggingface(encoder: Encoder, directory: str | Path, tokenizer_model: str | Path | None = None) -> None:
+def save_huggingface(encoder: Encoder, directory: str | Path, vocab_dir: str | Path | None = None) -> None:
     """Write a transformers ElectraModel directory (absolute-position configurations only)."""
     if not huggingface_compatible(encoder.cfg):
         raise ConfigError("Hugging Face export needs absolute positions and no relative position bias "
@@ -113,5 +124,4 @@ def save_huggingface(encoder: Encoder, directory: str | Path, tokenizer_model: s
     with atomic_dir(directory) as tmp:
         write_json(tmp / "config.json", huggingface_config(encoder))
         torch.save(huggingface_state_dict(encoder), tmp / "pytorch_model.bin")
-        if tokenizer_model is not None:
-            shutil.copyfile(tokenizer_model, tmp / "tokenizer.model")
+        copy_vocab(vocab_dir, tmp)

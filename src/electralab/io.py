@@ -7,6 +7,7 @@ previous output stays untouched or there is none; half-written data only ever li
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -69,3 +70,12 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in 4 MB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

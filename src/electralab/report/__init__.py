@@ -42,7 +42,6 @@ class Sources:
     note: str = ""                        # the preset's data and model, printed under every table title
     stsb_dev: Path | None = None          # $ELECTRALAB_DATA/glue/STS-B/dev.tsv (Fig. 1/5 similar pairs)
     corpus_files: tuple[Path, ...] = ()   # corpus paragraphs (Fig. 1/5 random pairs)
-    uncased: bool = True                  # the preset's corpus.uncased (how texts are normalised)
     random_pairs: int = 200
 
 
@@ -60,10 +59,11 @@ HISTORY_METRICS = sorted({m for series in F.SCL_SERIES.values() for _, m, _ in s
 
 def cosines(results: Results, sources: Sources) -> pd.DataFrame:
     """COCO-LM Fig. 1/5 data: [CLS] cosines of random corpus pairs and STS-B score-5 pairs, per run,
-    with the encoder (and its tokenizer.model) each pretraining run logged as the `encoder` artifact."""
+    with the encoder (and its vocabulary) each pretraining run logged as the `encoder` artifact."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    from electralab.data.vocab import TOKENIZER_FILE, Tokenizer
     from electralab.export import load_encoder
 
     frame = pd.DataFrame(columns=["run", "pairs", "cosine"])
@@ -82,11 +82,11 @@ def cosines(results: Results, sources: Sources) -> pd.DataFrame:
                     run_id=ids[run], artifact_path="encoder", dst_path=tmp, tracking_uri=results.tracking_uri))
             except (MlflowException, OSError):   # no encoder logged (yet): that panel says "no data yet"
                 continue
-            if not (encoder_dir / "tokenizer.model").exists():
+            if not (encoder_dir / TOKENIZER_FILE).exists():   # exported without its vocabulary
                 continue
-            encoder = load_encoder(encoder_dir)
+            encoder, tokenizer = load_encoder(encoder_dir), Tokenizer(encoder_dir)
             for kind, texts in pairs.items():
-                values = F.pair_cosines(encoder, encoder_dir / "tokenizer.model", texts, uncased=sources.uncased)
+                values = F.pair_cosines(encoder, tokenizer, texts)
                 parts.append(pd.DataFrame({"run": run, "pairs": kind, "cosine": values}))
     return pd.concat(parts, ignore_index=True)
 

@@ -307,25 +307,12 @@ def corpus_pairs(files: Iterable[str | Path], n: int, seed: int = 0, min_words: 
     return [tuple(rng.sample(paragraphs, 2)) for _ in range(n)]
 
 
-def encode_texts(tokenizer_model: str | Path, texts: Sequence[str], uncased: bool, max_len: int) -> list[list[int]]:
-    """[CLS] pieces [SEP] with the run's sentencepiece model, truncated to max_len.
-
-    The text is normalised as the corpus stage does (whitespace collapsed; lowercased and accents
-    stripped when uncased) — the one place to swap for electralab.data's Tokenizer once it is on main."""
-    import unicodedata
-
-    import sentencepiece as spm
-
+def encode_texts(tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
+    """[CLS] pieces [SEP] with the run's Tokenizer (electralab.data.vocab: the corpus stage's
+    normalisation + its sentencepiece model), truncated to max_len."""
     from electralab import CLS_ID, SEP_ID
 
-    def normalize(text: str) -> str:
-        text = " ".join(text.split())
-        if uncased:
-            text = "".join(ch for ch in unicodedata.normalize("NFD", text.lower()) if unicodedata.category(ch) != "Mn")
-        return unicodedata.normalize("NFC", text)
-
-    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
-    return [[CLS_ID, *ids[:max_len - 2], SEP_ID] for ids in sp.encode([normalize(t) for t in texts])]
+    return [[CLS_ID, *tokenizer.encode(t)[:max_len - 2], SEP_ID] for t in texts]
 
 
 def cls_embeddings(encoder, ids: Sequence[Sequence[int]], batch_size: int = 64):
@@ -347,15 +334,14 @@ def cls_embeddings(encoder, ids: Sequence[Sequence[int]], batch_size: int = 64):
     return torch.cat(out)
 
 
-def pair_cosines(encoder, tokenizer_model: str | Path, pairs: Sequence[tuple[str, str]], uncased: bool = True,
-                 max_len: int = 128) -> np.ndarray:
+def pair_cosines(encoder, tokenizer, pairs: Sequence[tuple[str, str]], max_len: int = 128) -> np.ndarray:
     """Cosine similarity of the two texts' [CLS] embeddings, per pair."""
     import torch.nn.functional as F
 
     if not pairs:
         return np.zeros(0)
     max_len = min(max_len, encoder.cfg.max_positions)
-    ids = encode_texts(tokenizer_model, [t for pair in pairs for t in pair], uncased, max_len)
+    ids = encode_texts(tokenizer, [t for pair in pairs for t in pair], max_len)
     h = cls_embeddings(encoder, ids)
     return F.cosine_similarity(h[0::2], h[1::2], dim=-1).numpy()
 

@@ -18,13 +18,13 @@ from electralab.runs import ResolvedRun
 
 
 def pretrain_on_ray(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Path, *, num_workers: int,
-                    use_gpu: bool, vocab_model: Path | None = None, address: str | None = None) -> dict[str, Any]:
+                    use_gpu: bool, vocab_dir: Path | None = None, address: str | None = None) -> dict[str, Any]:
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     paths = {k: str(Path(v).resolve()) if v is not None else None
-             for k, v in dict(shards=shards_dir, out=out_dir, scratch=scratch_dir, vocab=vocab_model).items()}
+             for k, v in dict(shards=shards_dir, out=out_dir, scratch=scratch_dir, vocab=vocab_dir).items()}
     env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri(), "PYTHONUNBUFFERED": "1"}
     env.update({k: os.environ[k] for k in ("DVC_ROOT", "DVC_EXP_NAME", "ELECTRALAB_DATA") if k in os.environ})
     if not ray.is_initialized():
@@ -39,7 +39,7 @@ def pretrain_on_ray(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_d
         ctx = train.get_context()
         dist = Dist(ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank())
         summary = pretrain(config["run"], Path(config["shards"]), Path(config["out"]), Path(config["scratch"]),
-                           vocab_model=Path(config["vocab"]) if config["vocab"] else None, dist=dist)
+                           vocab_dir=Path(config["vocab"]) if config["vocab"] else None, dist=dist)
         train.report({k: v for k, v in summary.items() if isinstance(v, (int, float))})
 
     trainer = TorchTrainer(

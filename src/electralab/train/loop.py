@@ -49,7 +49,7 @@ class Dist:
 
 
 def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Path, *,
-             vocab_model: Path | None = None, dist: Dist = Dist(), show_progress: bool = True) -> dict[str, Any]:
+             vocab_dir: Path | None = None, dist: Dist = Dist(), show_progress: bool = True) -> dict[str, Any]:
     cfg = run.pretrain
     device = choose_device(cfg, dist)
     accumulation = accumulation_steps(cfg, dist.world_size)
@@ -157,7 +157,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                "params_total": count_parameters(objective), "devices": devices,
                "wall_hours": elapsed / 3600, "device_hours": elapsed * devices / 3600}
     if dist.is_main:
-        write_outputs(objective, out_dir, checkpointer, summary, vocab_model)
+        write_outputs(objective, out_dir, checkpointer, summary, vocab_dir)
         tracker.finish(summary, out_dir)
         print(f"pretrain {run.name}: {step} steps, loss {summary['loss']:.4f}, "
               f"{summary['tokens_per_s']:.0f} tokens/s, {summary['wall_hours'] * 60:.1f} min -> {out_dir}")
@@ -268,14 +268,14 @@ def save_fraction(checkpointer: Checkpointer, objective: Objective, fraction: fl
 
 
 def write_outputs(objective: Objective, out_dir: Path, checkpointer: Checkpointer, summary: dict,
-                  vocab_model: Path | None) -> None:
+                  vocab_dir: Path | None) -> None:
     """models/<run>/: encoder/ (ours), hf/ (transformers, absolute positions only), auxiliary.pt,
     fractions/<pct>/, summary.json, written in one atomic rename; then the scratch is cleared."""
     encoder = objective.main_encoder()
     with atomic_dir(out_dir) as tmp:
-        save_encoder(encoder, tmp / "encoder", vocab_model)
+        save_encoder(encoder, tmp / "encoder", vocab_dir)
         if huggingface_compatible(encoder.cfg):
-            save_huggingface(encoder, tmp / "hf", vocab_model)
+            save_huggingface(encoder, tmp / "hf", vocab_dir)
         auxiliary = objective.auxiliary_state()
         if auxiliary is not None:
             torch.save({k: v.detach().cpu() for k, v in auxiliary.items()}, tmp / "auxiliary.pt")

@@ -1,0 +1,71 @@
+"""Configuration: the real params.yaml loads, and bad data settings stop with the key, value and range."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from electralab.config import ConfigError, MaskingConfig, build, load_params, parse_params
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+
+
+def with_change(raw: dict, dotted: str, value) -> dict:
+    out = copy.deepcopy(raw)
+    *path, last = dotted.split(".")
+    node = out
+    for key in path:
+        node = node[key]
+    node[last] = value
+    return out
+
+
+def test_params_yaml_loads_every_preset():
+    params = load_params(ROOT / "params.yaml")
+    assert params.preset == "tiny"
+    tiny = params.active
+    assert tiny.corpus.mirror[0].file == "wikitext-2-raw_test_nonblank.txt"
+    assert tiny.corpus.mirror[0].format == "wikitext"
+    assert (tiny.vocab.size, tiny.shards.seq_len) == (4096, 128)
+    assert params.presets["base"].vocab.size == 32768 and params.presets["base"].corpus.uncased
+    assert params.presets["base_pp"].vocab.size == 64000 and not params.presets["base_pp"].corpus.uncased
+
+
+@pytest.mark.parametrize("dotted, value, expected", [
+    ("presets.tiny.shards.seq_len", 8, "presets.tiny.shards.seq_len=8 is out of range: allowed [16, 8192]"),
+    ("presets.tiny.shards.seq_len", 100000, "presets.tiny.shards.seq_len=100000 is out of range"),
+    ("presets.tiny.shards.seq_len", "long", "presets.tiny.shards.seq_len: expected an integer, got 'long'"),
+    ("presets.tiny.shards.validation_fraction", 0.9, "presets.tiny.shards.validation_fraction=0.9 is out of range"),
+    ("presets.tiny.shards.workers", 0, "presets.tiny.shards.workers=0 is out of range"),
+    ("presets.tiny.vocab.size", 10, "presets.tiny.vocab.size=10 is out of range: allowed [64, 1000000]"),
+    ("presets.tiny.vocab.input_sentence_size", 5, "presets.tiny.vocab.input_sentence_size=5 is out of range"),
+    ("presets.tiny.vocab.model_type", "wordpiece", "presets.tiny.vocab.model_type: 'wordpiece' is not allowed"),
+    ("presets.tiny.corpus.max_documents", 0, "presets.tiny.corpus.max_documents=0 is out of range"),
+    ("presets.tiny.corpus.mirror", [{"file": "x.txt", "format": "csv"}],
+     "presets.tiny.corpus.mirror[0].format: 'csv' is not allowed; choose one of ['paragraphs', 'wikitext']"),
+    ("presets.tiny.corpus.sources", [], "presets.tiny.corpus: unknown key 'sources'"),
+    ("presets.tiny.shards.static_masking.duplication", -1,
+     "presets.tiny.shards.static_masking.duplication=-1 is out of range"),
+])
+def test_bad_data_settings_name_key_and_value(raw, dotted, value, expected):
+    with pytest.raises(ConfigError) as e:
+        parse_params(with_change(raw, dotted, value))
+    assert expected in str(e.value)
+
+
+def test_seq_len_beyond_model_positions(raw):
+    with pytest.raises(ConfigError, match=r"presets.tiny.shards.seq_len=1024 exceeds presets.tiny.model.max_positions=512"):
+        parse_params(with_change(raw, "presets.tiny.shards.seq_len", 1024))
+
+
+def test_masking_probabilities_must_leave_room():
+    with pytest.raises(ConfigError, match=r"masking: mask_token_prob \+ random_token_prob = 1.1 exceeds 1"):
+        build(MaskingConfig, {"mask_token_prob": 0.9, "random_token_prob": 0.2}, "masking")
+    electra = build(MaskingConfig, {"mask_token_prob": 0.85, "random_token_prob": 0.0}, "masking")
+    assert electra.mask_prob == 0.15
