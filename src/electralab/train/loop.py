@@ -77,6 +77,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
         loader.load_state_dict(state["loader"])
         step, elapsed, last_logged = state["step"], state["elapsed"], state["last_logged"]
     tracker = Tracker.start(run, resume_id=state and state.get("mlflow_run_id")) if dist.is_main else None
+    batches = iter(loader)   # infinite; loader.state_dict() always points at the next batch
 
     tokens_per_step = cfg.batch_size * int(manifest["seq_len"])
     fraction_steps = {max(1, round(f * cfg.steps)): f for f in cfg.checkpoint_fractions}
@@ -93,7 +94,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
             seed_step(run.seed, step, dist.rank)
             loss_sum = torch.zeros((), device=device)
             for micro in range(accumulation):
-                batch = next(loader).to(device, non_blocking=True)
+                batch = next(batches).to(device, non_blocking=True)
 
                 def forward_backward(batch: Batch = batch, last: bool = micro == accumulation - 1):
                     with sync_gradients(model, last), autocast(device):
