@@ -34,11 +34,11 @@ import sentencepiece as spm
 
 from electralab import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID
 from electralab.config import ConfigError, VocabConfig
-from electralab.data import DataError
+from electralab.data import DataError, read_manifest
 from electralab.data.corpus import iter_documents, read_corpus_manifest
 from electralab.data.progress import byte_bar, summary
 from electralab.data.text import normalize
-from electralab.io import atomic_dir, read_json, write_json
+from electralab.io import atomic_dir, write_json
 
 MODEL_FILE = "spm.model"
 VOCAB_FILE = "spm.vocab"
@@ -174,10 +174,7 @@ class Tokenizer:
 
     def __init__(self, vocab_dir: str | Path):
         vocab_dir = Path(vocab_dir)
-        info_path = vocab_dir / TOKENIZER_FILE
-        if not info_path.is_file():
-            raise DataError(f"{info_path}: no such file; build the vocabulary first (dvc repro vocab)")
-        self.info = read_json(info_path)
+        self.info = read_manifest(vocab_dir / TOKENIZER_FILE, "vocab")
         self.model_path = vocab_dir / self.info["model"]
         self.uncased: bool = self.info["uncased"]
         self.sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
