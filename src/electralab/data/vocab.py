@@ -55,16 +55,17 @@ def corpus_sentences(corpus_dir: Path, manifest: dict, cfg: VocabConfig, counts:
     keep = None
     if n > cfg.input_sentence_size:
         keep = np.sort(np.random.default_rng(cfg.seed).choice(n, cfg.input_sentence_size, replace=False))
-    index = next_keep = 0
+    index = 0       # of the paragraph in the corpus
+    next_keep = 0   # position in `keep` of the next paragraph to use
     with byte_bar("vocab: reading", manifest["bytes"]) as bar:
         for doc in iter_documents(corpus_dir, manifest):
             bar.update(len(doc.encode("utf-8")))
             for p in doc.split("\n"):
+                chosen = keep is None or (next_keep < len(keep) and keep[next_keep] == index)
                 index += 1
-                if keep is not None:
-                    if next_keep == len(keep) or keep[next_keep] != index - 1:
-                        continue
-                    next_keep += 1
+                if not chosen:
+                    continue
+                next_keep += 1
                 if len(p) * 4 > cfg.max_sentence_length and len(p.encode("utf-8")) > cfg.max_sentence_length:
                     counts["skipped_too_long"] += 1
                     continue
