@@ -172,5 +172,5 @@ def test_bad_arguments(shards_dir, tmp_path):
         PretrainLoader(shards_dir, "test", B)
     with pytest.raises(DataError, match=r"cannot fill one micro-batch of 100000"):
         PretrainLoader(shards_dir, "train", 100_000)
-    with pytest.raises(DataError, match=r"manifest.json: no such file; build the shards first"):
+    with pytest.raises(DataError, match=r"manifest.json: no such file; run the shards stage first"):
         PretrainLoader(tmp_path, "train", B)

@@ -144,9 +144,9 @@ def test_truncated_and_missing_shards(tmp_path, shards_dir):
 
 
 def test_missing_inputs(tmp_path, corpus_dir, vocab_dir):
-    with pytest.raises(DataError, match=r"corpus/manifest.json: no such file; build the corpus first"):
+    with pytest.raises(DataError, match=r"corpus/manifest.json: no such file; run the corpus stage first"):
         build_shards(tmp_path / "corpus", vocab_dir, tmp_path / "shards", SHARDS)
-    with pytest.raises(DataError, match=r"vocab/tokenizer.json: no such file; build the vocabulary first"):
+    with pytest.raises(DataError, match=r"vocab/tokenizer.json: no such file; run the vocab stage first"):
         build_shards(corpus_dir, tmp_path / "vocab", tmp_path / "shards", SHARDS)
     assert_no_output(tmp_path / "shards")
 

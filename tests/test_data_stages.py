@@ -81,7 +81,7 @@ def test_vocab_stage_without_corpus(tmp_path):
     project = copy_project(tmp_path)
     proc = run([sys.executable, "stages/vocab.py"], project, env_for(project, mirror_root()))
     assert proc.returncode == 2
-    assert "error: data/corpus/manifest.json: no such file; build the corpus first (dvc repro corpus)" in proc.stderr
+    assert "error: data/corpus/manifest.json: no such file; run the corpus stage first (dvc repro corpus)" in proc.stderr
     assert_no_output(project / "data" / "vocab")
 
 

@@ -78,6 +78,6 @@ def test_vocab_too_large_for_corpus(tmp_path, corpus_dir):
 
 
 def test_missing_corpus(tmp_path):
-    with pytest.raises(DataError, match=rf"{tmp_path}/corpus/manifest.json: no such file; build the corpus first"):
+    with pytest.raises(DataError, match=rf"{tmp_path}/corpus/manifest.json: no such file; run the corpus stage first"):
         train_vocab(tmp_path / "corpus", tmp_path / "vocab", VOCAB)
     assert_no_output(tmp_path / "vocab")

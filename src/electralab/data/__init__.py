@@ -11,5 +11,17 @@ docs/data.md describes formats and choices. Modules are imported on use: this fi
 `stages/corpus.py` does not pay for torch.
 """
 
+from pathlib import Path
 
-from electralab.errors import DataError  # noqa: E402,F401  (re-exported: `from electralab.data import DataError`)
+from electralab.io import read_json
+
+
+from electralab.errors import DataError  # noqa: F401  (re-exported: `from electralab.data import DataError`)
+
+
+def read_manifest(path: str | Path, stage: str) -> dict:
+    """The JSON file a stage wrote (its manifest), or a DataError saying which stage to run first."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file; run the {stage} stage first (dvc repro {stage})")
+    return read_json(path)

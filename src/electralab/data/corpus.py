@@ -27,10 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from electralab.config import CorpusConfig, HubSource, to_dict
-from electralab.data import DataError
+from electralab.data import DataError, read_manifest
 from electralab.data.progress import byte_bar, megabytes, summary
 from electralab.data.text import normalize
-from electralab.io import atomic_dir, read_json, sha256_file, write_json
+from electralab.io import atomic_dir, sha256_file, write_json
 
 MANIFEST = "manifest.json"
 # Parquet row groups of about this many characters: the unit of work of the shards stage's workers,
@@ -278,11 +278,7 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, data_root: Path | None,
 
 
 def read_corpus_manifest(corpus_dir: str | Path) -> dict:
-    """The corpus manifest, or a DataError saying which stage to run."""
-    path = Path(corpus_dir) / MANIFEST
-    if not path.is_file():
-        raise DataError(f"{path}: no such file; build the corpus first (dvc repro corpus)")
-    return read_json(path)
+    return read_manifest(Path(corpus_dir) / MANIFEST, "corpus")
 
 
 def iter_documents(corpus_dir: str | Path, manifest: dict | None = None,

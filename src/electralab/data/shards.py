@@ -42,11 +42,11 @@ import sentencepiece as spm
 
 from electralab import CLS_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS
 from electralab.config import ShardsConfig, StaticMaskingConfig, to_dict
-from electralab.data import DataError
+from electralab.data import DataError, read_manifest
 from electralab.data.corpus import read_corpus_manifest
 from electralab.data.progress import byte_bar, megabytes, summary
 from electralab.data.vocab import Tokenizer
-from electralab.io import atomic_dir, read_json, sha256_file, write_json
+from electralab.io import atomic_dir, sha256_file, write_json
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "validation")
@@ -377,10 +377,7 @@ def build_shards(corpus_dir: str | Path, vocab_dir: str | Path, out_dir: str | P
 # --------------------------------------------------------------------------------------------
 
 def read_shards_manifest(shards_dir: str | Path) -> dict:
-    path = Path(shards_dir) / MANIFEST
-    if not path.is_file():
-        raise DataError(f"{path}: no such file; build the shards first (dvc repro shards)")
-    return read_json(path)
+    return read_manifest(Path(shards_dir) / MANIFEST, "shards")
 
 
 def verify_shards(shards_dir: str | Path, manifest: dict | None = None, splits: list[str] | None = None,

@@ -34,11 +34,11 @@ import sentencepiece as spm
 
 from electralab import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID
 from electralab.config import ConfigError, VocabConfig
-from electralab.data import DataError
+from electralab.data import DataError, read_manifest
 from electralab.data.corpus import iter_documents, read_corpus_manifest
 from electralab.data.progress import byte_bar, summary
 from electralab.data.text import normalize
-from electralab.io import atomic_dir, read_json, write_json
+from electralab.io import atomic_dir, write_json
 
 MODEL_FILE = "spm.model"
 VOCAB_FILE = "spm.vocab"
@@ -55,16 +55,17 @@ def corpus_sentences(corpus_dir: Path, manifest: dict, cfg: VocabConfig, counts:
     keep = None
     if n > cfg.input_sentence_size:
         keep = np.sort(np.random.default_rng(cfg.seed).choice(n, cfg.input_sentence_size, replace=False))
-    index = next_keep = 0
+    index = 0       # of the paragraph in the corpus
+    next_keep = 0   # position in `keep` of the next paragraph to use
     with byte_bar("vocab: reading", manifest["bytes"]) as bar:
         for doc in iter_documents(corpus_dir, manifest):
             bar.update(len(doc.encode("utf-8")))
             for p in doc.split("\n"):
+                chosen = keep is None or (next_keep < len(keep) and keep[next_keep] == index)
                 index += 1
-                if keep is not None:
-                    if next_keep == len(keep) or keep[next_keep] != index - 1:
-                        continue
-                    next_keep += 1
+                if not chosen:
+                    continue
+                next_keep += 1
                 if len(p) * 4 > cfg.max_sentence_length and len(p.encode("utf-8")) > cfg.max_sentence_length:
                     counts["skipped_too_long"] += 1
                     continue
@@ -174,10 +175,7 @@ class Tokenizer:
 
     def __init__(self, vocab_dir: str | Path):
         vocab_dir = Path(vocab_dir)
-        info_path = vocab_dir / TOKENIZER_FILE
-        if not info_path.is_file():
-            raise DataError(f"{info_path}: no such file; build the vocabulary first (dvc repro vocab)")
-        self.info = read_json(info_path)
+        self.info = read_manifest(vocab_dir / TOKENIZER_FILE, "vocab")
         self.model_path = vocab_dir / self.info["model"]
         self.uncased: bool = self.info["uncased"]
         self.sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
