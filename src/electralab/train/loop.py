@@ -32,6 +32,7 @@ from electralab.model.encoder import count_parameters
 from electralab.objectives import Objective, build_objective
 from electralab.runs import ResolvedRun
 from electralab.train.checkpoint import Checkpointer, fingerprint, write_meta
+from electralab.train.common import autocast, linear_schedule, make_adamw
 from electralab.train.perf import count_flops, peak_flops
 from electralab.train.tracker import Tracker
 
@@ -197,25 +198,12 @@ def wrap_ddp(objective: Objective, device: torch.device) -> torch.nn.Module:
 
 def make_optimizer(objective: Objective, cfg: PretrainConfig) -> torch.optim.AdamW:
     """AdamW with the papers' betas/eps; no weight decay on biases and LayerNorm (BERT)."""
-    decay, no_decay = [], []
-    for name, p in objective.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = all(p.is_cuda for p in decay + no_decay)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, fused=fused)
+    return make_adamw(objective, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
 
 
 def make_schedule(optimizer: torch.optim.Optimizer, cfg: PretrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup to the peak LR, then linear decay to zero at the last step."""
-    warmup, total = cfg.warmup_steps, cfg.steps
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total - step) / max(1, total - warmup))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return linear_schedule(optimizer, cfg.warmup_steps, cfg.steps)
 
 
 def seed_step(seed: int, step: int, rank: int) -> None:
@@ -228,13 +216,6 @@ def sync_gradients(model: torch.nn.Module, last_micro_batch: bool):
     """DDP all-reduces gradients only on the last micro-batch of a step."""
     if hasattr(model, "no_sync") and not last_micro_batch:
         return model.no_sync()
-    return contextlib.nullcontext()
-
-
-def autocast(device: torch.device):
-    """bf16 autocast on CUDA only: on these CPUs bf16 matmuls are ~300x slower than fp32."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
