@@ -205,6 +205,116 @@ class PretrainConfig:
     checkpoint_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 
 
+FINETUNE_TASKS = ("mnli", "qqp", "qnli", "sst2", "cola", "rte", "mrpc", "stsb", "squad2")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """One fine-tuning grid: every combination of these values is a configuration."""
+    lr: tuple[float, ...]             # peak learning rates
+    epochs: tuple[int, ...]           # max epochs
+    batch_size: tuple[int, ...]
+    warmup: tuple[float, ...]         # warm-up proportion of the total steps (0.06 = 6%)
+
+    def check(self, where: str) -> None:
+        for name in ("lr", "epochs", "batch_size", "warmup"):
+            values = getattr(self, name)
+            if not values:
+                raise ConfigError(f"{where}.{name}: empty; list at least one value")
+            if len(set(values)) != len(values):
+                raise ConfigError(f"{where}.{name}={list(values)} repeats a value")
+        if any(not 0 < v <= 1 for v in self.lr):
+            raise ConfigError(f"{where}.lr={list(self.lr)}: every learning rate must be in (0, 1]")
+        if any(v < 1 for v in (*self.epochs, *self.batch_size)):
+            raise ConfigError(f"{where}: epochs and batch_size must be >= 1")
+        if any(not 0 <= v < 1 for v in self.warmup):
+            raise ConfigError(f"{where}.warmup={list(self.warmup)}: proportions must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class FinetuneGrids:
+    """COCO-LM Table 7 splits GLUE into small tasks (CoLA, RTE, MRPC, STS-B) and large ones (MNLI,
+    QQP, QNLI, SST-2), each with its own grid; Table 8 is the SQuAD grid."""
+    glue_small: SearchSpace
+    glue_large: SearchSpace
+    squad2: SearchSpace
+
+
+@dataclass(frozen=True)
+class SquadSettings:
+    """SQuAD 2.0 windows and answer decoding (BERT's run_squad.py settings at base)."""
+    doc_stride: int = bounded(128, lo=1)          # tokens between the starts of two context windows
+    max_query_len: int = bounded(64, lo=1)        # question tokens kept
+    max_answer_len: int = bounded(30, lo=1)       # longest answer span, in tokens
+    n_best: int = bounded(20, lo=1)               # start/end candidates per window
+    null_threshold: float = 0.0                   # predict "" when null score - best span score > this
+    # SQuAD caps in questions (a question is 2-4 windows, ~5x a GLUE pair); None: the general caps.
+    max_train_questions: int | None = bounded(None, lo=1)
+    max_eval_questions: int | None = bounded(None, lo=1)
+
+
+@dataclass(frozen=True)
+class TrialResources:
+    """What one Tune trial asks for: CPUs locally, a GPU or a fraction of one on a cluster."""
+    cpus: float = bounded(1.0, lo=0.0)
+    gpus: float = bounded(0.0, lo=0.0)
+    max_concurrent: int | None = bounded(None, lo=1)   # None: as many as the resources allow
+    local_cpus: int | None = bounded(None, lo=1)       # CPUs of a local Ray; None: those this process may use
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Fine-tuning and evaluation (docs/finetuning.md): tasks, the grids, seeds, caps, extras."""
+    grids: FinetuneGrids
+    tasks: tuple[str, ...] = FINETUNE_TASKS
+    # The same seeds for every run and configuration; the median over them is reported.
+    seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
+    max_seq_len: int = bounded(512, lo=8)
+    squad: SquadSettings = field(default_factory=SquadSettings)
+    # Caps for quick presets (a fixed random subset, the same for every run); None = everything.
+    max_train_examples: int | None = bounded(None, lo=1)
+    max_eval_examples: int | None = bounded(None, lo=1)
+    eval_batch_size: int = bounded(128, lo=1)
+    # Optimiser (COCO-LM Table 7): Adam (0.9, 0.98), eps 1e-6, weight decay 0.01, no clipping.
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = bounded(1e-6, lo=0.0, hi=1.0)
+    weight_decay: float = bounded(0.01, lo=0.0, hi=1.0)
+    clip_norm: float = bounded(0.0, lo=0.0)       # 0 = no clipping
+    # Batches of similar lengths (fairseq's size-sorted batching); dynamic padding either way.
+    group_by_length: bool = True
+    # Per-run extras, driven by the run's tables: MNLI on the pretraining fraction checkpoints
+    # (coco-lm/fig3, amos/fig4) and on a fraction of its labels (coco-lm/fig7).
+    efficiency_tasks: tuple[str, ...] = ("mnli",)
+    few_shot_tasks: tuple[str, ...] = ("mnli",)
+    few_shot_fractions: tuple[float, ...] = (0.01, 0.1, 0.2)
+    # "selected": the extras fine-tune with the configuration selected on the final checkpoint with
+    # all labels (5 seeds); "grid": they search the task's whole grid.
+    extras_grid: Literal["selected", "grid"] = "selected"
+    resources: TrialResources = field(default_factory=TrialResources)
+    max_failures: int = bounded(2, lo=0)          # retries of a failed trial
+
+    def check(self, where: str) -> None:
+        for key in ("tasks", "efficiency_tasks", "few_shot_tasks"):
+            unknown = [t for t in getattr(self, key) if t not in FINETUNE_TASKS]
+            if unknown:
+                raise ConfigError(f"{where}.{key}: {unknown[0]!r} is not a task; choose from {list(FINETUNE_TASKS)}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"{where}.seeds={list(self.seeds)}: list at least one seed, each once")
+        if any(not 0 < f <= 1 for f in self.few_shot_fractions):
+            raise ConfigError(f"{where}.few_shot_fractions={list(self.few_shot_fractions)}: fractions must be in (0, 1]")
+        if self.squad.max_query_len + 3 >= self.max_seq_len:
+            raise ConfigError(f"{where}.squad.max_query_len={self.squad.max_query_len} leaves no room for the "
+                              f"context in max_seq_len={self.max_seq_len}")
+        context = self.max_seq_len - self.squad.max_query_len - 3
+        if self.squad.doc_stride > context:
+            raise ConfigError(f"{where}.squad.doc_stride={self.squad.doc_stride} exceeds the context window "
+                              f"({context} tokens = max_seq_len - max_query_len - 3): windows would skip text")
+        if any(not 0 <= b < 1 for b in self.adam_betas):
+            raise ConfigError(f"{where}.adam_betas={list(self.adam_betas)}: betas must be in [0, 1)")
+        if self.resources.cpus == 0 and self.resources.gpus == 0:
+            raise ConfigError(f"{where}.resources: a trial needs cpus > 0 or gpus > 0")
+
+
 @dataclass(frozen=True)
 class Preset:
     corpus: CorpusConfig
@@ -213,10 +323,14 @@ class Preset:
     model: EncoderConfig
     generators: GeneratorSizes
     pretrain: PretrainConfig
+    finetune: FinetuneConfig | None = None   # None: this preset does not fine-tune (the stage says so)
 
     def check(self, where: str) -> None:
         if self.shards.seq_len > self.model.max_positions:
             raise ConfigError(f"{where}.shards.seq_len={self.shards.seq_len} exceeds "
+                              f"{where}.model.max_positions={self.model.max_positions}")
+        if self.finetune is not None and self.finetune.max_seq_len > self.model.max_positions:
+            raise ConfigError(f"{where}.finetune.max_seq_len={self.finetune.max_seq_len} exceeds "
                               f"{where}.model.max_positions={self.model.max_positions}")
 
 
