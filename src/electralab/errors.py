@@ -13,4 +13,9 @@ class TrainingDiverged(RuntimeError):
     """The loss (or gradient norm) stopped being finite; the message names the run, step and checkpoint."""
 
 
-EXPECTED_ERRORS = (ConfigError, DataError, TrainingDiverged)
+class TrialsFailed(RuntimeError):
+    """Fine-tuning trials failed after their retries; the message names them, their error and where the
+    finished ones are kept (a re-run resumes from there)."""
+
+
+EXPECTED_ERRORS = (ConfigError, DataError, TrainingDiverged, TrialsFailed)
