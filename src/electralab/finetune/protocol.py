@@ -1,0 +1,229 @@
+"""Fine-tune one pretraining run on GLUE and SQuAD 2.0 with the preset's grid: the papers' protocol.
+
+    summary = finetune(run, params.active.finetune, Path("models/cocolm"), Path("checkpoints/finetune/cocolm"),
+                       data_root())       # -> metrics/finetune/<run>.json
+
+1. Plan the groups (one MLflow parent each): every task of `tasks` on the final encoder with all labels;
+   runs in coco-lm/fig3 or amos/fig4 add `efficiency_tasks` on each pretraining fraction checkpoint
+   (models/<run>/fractions/<pct>/encoder), runs in coco-lm/fig7 add `few_shot_tasks` on each of
+   `few_shot_fractions` of the training labels.
+2. Read and tokenise each task once (the run's own vocabulary); a missing split makes the task missing.
+3. Phase 1 on Ray Tune: every configuration x seed of the main groups. Per group, the median over the
+   seeds per configuration; the best median of the main metric wins.
+4. Phase 2: the extras with the configuration phase 1 selected for their task (extras_grid: selected)
+   or with the whole grid (extras_grid: grid, then they run in phase 1 already).
+5. MLflow: a child per trial as it finishes, the parent's medians and spread when its group is done.
+
+Finished trials are kept in `scratch_dir` (checkpoints/finetune/<run>/, outside DVC's outputs): a
+re-run after an interruption runs only what is left. The scratch is removed when everything succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tqdm import tqdm
+
+from electralab.config import FinetuneConfig, to_dict
+from electralab.data.vocab import Tokenizer
+from electralab.errors import ConfigError, DataError, TrialsFailed
+from electralab.finetune.data import TaskData, prepare
+from electralab.finetune.grid import (FINAL, Group, HParams, ResultStore, Selection, TrialSpec, configurations,
+                                      fingerprint, select)
+from electralab.finetune.metrics import glue_average
+from electralab.finetune.tasks import TASKS, MissingSplit
+from electralab.finetune.track import FinetuneTracker
+from electralab.finetune.trial import TrialSettings
+from electralab.io import read_json, sha256_file
+from electralab.runs import ResolvedRun
+
+EFFICIENCY_TABLES = ("coco-lm/fig3", "amos/fig4")   # MNLI against pretraining hours
+FEW_SHOT_TABLES = ("coco-lm/fig7",)                 # MNLI with a fraction of its labels
+
+
+@dataclass
+class Plan:
+    groups: list[Group]                                           # main groups first, then the extras
+    encoders: dict[str, Path]                                     # checkpoint -> encoder directory
+    hours: dict[str, dict[str, float]] = field(default_factory=dict)   # checkpoint -> wall/device hours
+    missing: dict[str, str] = field(default_factory=dict)         # group key -> why it cannot run
+
+    @staticmethod
+    def is_extra(group: Group) -> bool:
+        return group.checkpoint != FINAL or group.label_fraction != 1.0
+
+
+def plan(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path) -> Plan:
+    encoder = model_dir / "encoder"
+    if not (encoder / "config.json").is_file():
+        raise DataError(f"{encoder}: no exported encoder; run the pretraining first (dvc repro pretrain@{run.name})")
+    out = Plan([Group(task) for task in cfg.tasks], {FINAL: encoder})
+    summary = model_dir / "summary.json"
+    if summary.is_file():
+        out.hours[FINAL] = {k: v for k, v in read_json(summary).items() if k in ("wall_hours", "device_hours")}
+    tables = set(run.spec.tables)
+    extras: list[Group] = []
+    if tables & set(EFFICIENCY_TABLES):
+        fractions = sorted(p for p in (model_dir / "fractions").glob("*") if (p / "meta.json").is_file())
+        for directory in fractions:
+            meta = read_json(directory / "meta.json")
+            if meta.get("fraction", 0) >= 1.0:
+                continue   # the end of pretraining is the `final` encoder itself
+            out.encoders[directory.name] = directory / "encoder"
+            out.hours[directory.name] = {k: meta[k] for k in ("wall_hours", "device_hours") if k in meta}
+            extras += [Group(task, checkpoint=directory.name) for task in cfg.efficiency_tasks]
+        if not fractions:
+            for task in cfg.efficiency_tasks:
+                out.missing[f"{task}@checkpoints"] = (f"no pretraining fraction checkpoints in {model_dir / 'fractions'} "
+                                                      f"(presets.<preset>.pretrain.checkpoint_fractions)")
+    if tables & set(FEW_SHOT_TABLES):
+        extras += [Group(task, label_fraction=f) for task in cfg.few_shot_tasks for f in cfg.few_shot_fractions if f < 1]
+    if cfg.extras_grid == "selected":
+        orphans = sorted({g.task for g in extras} - set(cfg.tasks))
+        if orphans:
+            raise ConfigError(f"finetune.extras_grid=selected fine-tunes the extras with the configuration selected "
+                              f"for their task, but {orphans[0]!r} is not in finetune.tasks; add it or use extras_grid=grid")
+    out.groups += extras
+    return out
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir: Path, data_root: Path | None, *,
+             trainable_fn: Callable | None = None, show_progress: bool = True) -> dict:
+    """Fine-tune and evaluate `run` (see the module docstring); returns the metrics file's content."""
+    from electralab.finetune.tuning import ray_session, run_trials   # imports Ray
+
+    started = time.perf_counter()
+    model_dir, scratch_dir = Path(model_dir).resolve(), Path(scratch_dir).resolve()
+    the_plan = plan(run, cfg, model_dir)
+    tokenizer = Tokenizer(model_dir / "encoder")
+    settings = TrialSettings.of(cfg)
+
+    # Data: each task read and tokenised once, for every label fraction its groups use.
+    fractions: dict[str, set[float]] = {}
+    for group in the_plan.groups:
+        fractions.setdefault(group.task, set()).add(group.label_fraction)
+    data: dict[tuple[str, float], TaskData] = {}
+    for task, wanted in fractions.items():
+        try:
+            for fraction, prepared in prepare(TASKS[task], tokenizer, cfg, data_root, sorted(wanted)).items():
+                data[(task, fraction)] = prepared
+        except MissingSplit as e:
+            for group in the_plan.groups:
+                if group.task == task:
+                    the_plan.missing[group.key] = str(e)
+    runnable = [g for g in the_plan.groups if g.key not in the_plan.missing]
+    weights = {ckpt: sha256_file(d / "weights.pt") for ckpt, d in the_plan.encoders.items()}
+    fingerprints = {g: fingerprint(g.key, weights[g.checkpoint], data[(g.task, g.label_fraction)].fingerprint,
+                                   asdict(settings), cfg.max_seq_len) for g in runnable}
+
+    store = ResultStore(scratch_dir / "results")
+    tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json")
+    selections: dict[Group, Selection] = {}
+    bar = tqdm(desc=f"finetune {run.name}", unit="trial", disable=not show_progress, dynamic_ncols=True)
+
+    def grid_of(group: Group) -> list[HParams]:
+        if Plan.is_extra(group) and cfg.extras_grid == "selected":
+            return [selections[Group(group.task)].best]
+        return configurations(getattr(cfg.grids, TASKS[group.task].grid))
+
+    def run_phase(groups: list[Group], phase: int) -> None:
+        specs = [TrialSpec(g, hp, seed) for g in groups for hp in grid_of(g) for seed in cfg.seeds]
+        finals: dict[TrialSpec, dict[str, float]] = {}
+
+        def record(spec: TrialSpec, result: dict) -> None:
+            task = TASKS[spec.group.task]
+            parent = tracker.parent(spec.group, task, fingerprints[spec.group])
+            if result.get("mlflow_parent") != parent:    # not logged under this parent yet
+                result |= {"mlflow_child": tracker.trial(spec, parent, result), "mlflow_parent": parent}
+                store.put(spec, result)
+            last = result["history"][-1]
+            finals[spec] = {m: last[m] for m in task.metrics if m in last}
+            bar.update(1)
+
+        def on_complete(spec: TrialSpec, report: dict) -> None:
+            result = {"fingerprint": fingerprints[spec.group], "history": json.loads(report["history"])}
+            store.put(spec, result)    # first: a finished trial is never run again
+            record(spec, result)
+
+        todo = []
+        bar.total = (bar.total or 0) + len(specs)
+        for spec in specs:
+            done = store.get(spec, fingerprints[spec.group])
+            if done is None:
+                todo.append(spec)
+            else:
+                record(spec, done)
+        keys = {(s.group.task, s.group.label_fraction) for s in todo}
+        errors = run_trials(todo, {k: data[k] for k in keys}, the_plan.encoders, settings, cfg.resources,
+                            cfg.max_failures, scratch_dir / "tune", f"{run.name}-phase{phase}", on_complete, trainable_fn)
+        if errors:
+            raise TrialsFailed(f"finetune {run.name}: {len(errors)} trial(s) failed after {cfg.max_failures} retries, "
+                               f"e.g. {errors[0][0]}: {errors[0][1]}; the {len(finals)} finished ones are kept in "
+                               f"{scratch_dir} and a re-run resumes from there")
+        for group in groups:
+            task = TASKS[group.task]
+            mine = {s: m for s, m in finals.items() if s.group == group}
+            selections[group] = select(mine, grid_of(group), task.main_metric)
+            d = data[(group.task, group.label_fraction)]
+            metrics = {**d.counts, **the_plan.hours.get(group.checkpoint, {}),
+                       "configurations": len(grid_of(group)), "trials": len(mine)}
+            params = {"grid": "selected on the final checkpoint" if len(grid_of(group)) == 1 and Plan.is_extra(group)
+                      else asdict(getattr(cfg.grids, task.grid)),
+                      "data": d.sources, "encoder": str(the_plan.encoders[group.checkpoint]),
+                      "finetune": {k: v for k, v in to_dict(cfg).items()
+                                   if k in ("max_seq_len", "max_train_examples", "max_eval_examples", "adam_betas",
+                                            "adam_eps", "weight_decay", "clip_norm", "group_by_length", "squad")}}
+            tracker.finish(tracker.parent(group, task, fingerprints[group]), selections[group], metrics, params)
+
+    try:
+        with ray_session(cfg.resources):
+            first = [g for g in runnable if not (Plan.is_extra(g) and cfg.extras_grid == "selected")]
+            run_phase(first, 1)
+            run_phase([g for g in runnable if g not in first], 2)
+        for group in the_plan.groups:
+            if group.key in the_plan.missing:
+                tracker.missing(group, TASKS[group.task], the_plan.missing[group.key])
+    except BaseException as error:
+        bar.close()
+        tracker.fail(error)
+        raise
+    bar.close()
+    shutil.rmtree(scratch_dir, ignore_errors=True)
+    return summarize(selections, the_plan.missing, time.perf_counter() - started)
+
+
+def summarize(selections: dict[Group, Selection], missing: dict[str, str], seconds: float) -> dict:
+    """metrics/finetune/<run>.json: {task: {metric: median}} of the final checkpoint with all labels, the
+    GLUE average (when all eight tasks have it), the extras under `checkpoints` / `label_fractions`,
+    and the missing groups with their reason."""
+    out: dict = {}
+    for group, selection in selections.items():
+        medians = {k.removeprefix("median_"): _finite_or_none(v) for k, v in selection.stats.items()
+                   if k.startswith("median_")}
+        if not Plan.is_extra(group):
+            out[group.task] = medians
+        elif group.checkpoint != FINAL:
+            out.setdefault("checkpoints", {}).setdefault(group.checkpoint, {})[group.task] = medians
+        else:
+            out.setdefault("label_fractions", {}).setdefault(f"{group.label_fraction:g}", {})[group.task] = medians
+    average = glue_average({task: v for task, v in out.items() if task in TASKS})
+    if average is not None:
+        out["glue_avg"] = average
+    if missing:
+        out["missing"] = dict(sorted(missing.items()))
+    out["trials"] = sum(int(s.medians["seeds"].sum()) for s in selections.values())
+    out["seconds"] = round(seconds, 1)
+    return out
+
+
+__all__ = ["EFFICIENCY_TABLES", "FEW_SHOT_TABLES", "Plan", "finetune", "plan", "summarize"]

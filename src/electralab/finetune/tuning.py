@@ -1,0 +1,153 @@
+"""Trials on Ray Tune: one Tune trial per (configuration, seed) of a group, run in parallel with
+per-trial resources (CPUs locally, a GPU or a fraction of one on a cluster), retried on failure.
+
+    with ray_session(cfg.resources):
+        errors = run_trials(specs, shared, cfg.resources, cfg.max_failures, storage, on_complete)
+
+* One `Tuner.fit()` runs a whole list of trials: a grid search over the explicit trial specs, so
+  tasks with different grids share one experiment and the CPUs stay busy until the last trial.
+* The trainable is a function (Ray 2.60's Tune API; no Ray Train inside: a trial is one process).
+  Task data and encoder paths go to the object store once (`tune.with_parameters`); each trial
+  fetches only its own task's data. Actors are reused between trials (`reuse_actors`), so a worker
+  imports torch and loads an encoder once, not once per trial.
+* Retries: `FailureConfig(max_failures)` restarts a failed trial from scratch (it is seconds to
+  minutes long; no mid-trial checkpoints). Resume across stage runs is the caller's ResultStore:
+  finished trials are never handed to Tune again.
+* Local Ray: `num_cpus` = the CPUs this process may use (or resources.local_cpus), no dashboard, workers
+  import this same checkout (PYTHONPATH made absolute). With RAY_ADDRESS set it joins that cluster
+  instead. A trial asking for more CPUs or GPUs than the cluster has is refused up front (Tune would
+  wait for them forever).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import ray
+import torch
+from ray import tune
+
+from electralab.config import TrialResources
+from electralab.errors import ConfigError
+from electralab.export import load_encoder
+from electralab.finetune.grid import TrialSpec
+from electralab.finetune.trial import run_trial
+
+# Tune writes a CSV/JSON/TensorBoard result log per trial and changes into a trial directory by
+# default; we need neither (results go to the ResultStore and MLflow, paths are absolute).
+TUNE_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": "0",
+            "RAY_AIR_NEW_OUTPUT": "0", "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "60"}
+
+
+def local_cpus(resources: TrialResources) -> int:
+    return resources.local_cpus or len(os.sched_getaffinity(0))
+
+
+@contextmanager
+def ray_session(resources: TrialResources) -> Iterator[None]:
+    """Ray for the duration of a stage: an already initialised Ray is used as is (tests start one per
+    session), RAY_ADDRESS joins a cluster, otherwise a local Ray is started and shut down at the end."""
+    os.environ.update(TUNE_ENV)
+    # Without the result loggers Tune's ResultGrid warns that it finds no result.json for any trial.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    if ray.is_initialized():
+        yield
+        return
+    src = str(Path(__file__).resolve().parents[2])   # the directory holding this `electralab` package
+    paths = [src, *(str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), **TUNE_ENV}
+    address = os.environ.get("RAY_ADDRESS")
+    ray.init(address=address or None, num_cpus=None if address else local_cpus(resources),
+             include_dashboard=False, runtime_env={"env_vars": env}, logging_level=logging.WARNING,
+             log_to_driver=True)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def check_resources(resources: TrialResources) -> None:
+    """Refuse requests the cluster can never satisfy (Tune would wait for them forever)."""
+    available = ray.cluster_resources()
+    for name, key, asked in (("cpus", "CPU", resources.cpus), ("gpus", "GPU", resources.gpus)):
+        if asked > available.get(key, 0):
+            raise ConfigError(f"finetune.resources.{name}={asked:g} per trial, but the Ray cluster has "
+                              f"{available.get(key, 0):g} {key}s; lower it (e.g. "
+                              f"-S presets.<preset>.finetune.resources.{name}=...)")
+
+
+class Collector(tune.Callback):
+    """Driver side: hands every completed trial's last report to `on_complete` as it finishes."""
+
+    def __init__(self, on_complete: Callable[[TrialSpec, dict], None]):
+        self.on_complete = on_complete
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.on_complete(TrialSpec.from_dict(trial.config["trial"]), trial.last_result)
+
+
+def trainable(config: dict, *, refs: dict, encoders: dict[str, str], settings, gpus: float, threads: int) -> None:
+    """A Tune trial (runs in a Ray worker): fine-tune, report the history after every evaluation."""
+    torch.set_num_threads(threads)
+    spec = TrialSpec.from_dict(config["trial"])
+    data = ray.get(refs[(spec.group.task, spec.group.label_fraction)])
+    device = torch.device("cuda") if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+    encoder = cached_encoder(encoders[spec.group.checkpoint])
+
+    def report(history: list[dict]) -> None:
+        tune.report({**history[-1], "history": json.dumps(history)})
+
+    run_trial(data, encoder, spec.hparams, spec.seed, settings, device, report)
+
+
+_ENCODERS: dict[str, Any] = {}
+
+
+def cached_encoder(directory: str):
+    """A fresh copy of the encoder at `directory` (loaded from disk once per worker process)."""
+    key = f"{directory}:{os.stat(Path(directory) / 'weights.pt').st_mtime_ns}"
+    if key not in _ENCODERS:
+        _ENCODERS.clear()   # keep one: a worker moves from one checkpoint to the next
+        _ENCODERS[key] = load_encoder(directory)
+    return copy.deepcopy(_ENCODERS[key])
+
+
+def run_trials(specs: list[TrialSpec], data: dict, encoders: dict[str, Path], settings, resources: TrialResources,
+               max_failures: int, storage: Path, name: str,
+               on_complete: Callable[[TrialSpec, dict], None], trainable_fn: Callable | None = None) -> list[tuple[str, str]]:
+    """Run `specs` on Tune; `on_complete(spec, last_report)` in the driver as each one finishes.
+    Returns (trial key, error) for the trials that failed after their retries."""
+    if not specs:
+        return []
+    check_resources(resources)
+    refs = {key: ray.put(value) for key, value in data.items()}
+    fn = tune.with_parameters(trainable_fn or trainable, refs=refs, settings=settings, gpus=resources.gpus,
+                              encoders={k: str(v) for k, v in encoders.items()},
+                              threads=max(1, int(resources.cpus)))
+    asked = {"cpu": resources.cpus, "gpu": resources.gpus}
+    tuner = tune.Tuner(
+        tune.with_resources(fn, {k: v for k, v in asked.items() if v}),
+        param_space={"trial": tune.grid_search([s.as_dict() for s in specs])},
+        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=resources.max_concurrent,
+                                    trial_name_creator=lambda t: TrialSpec.from_dict(t.config["trial"]).key,
+                                    trial_dirname_creator=lambda t: f"trial-{t.trial_id}"),
+        run_config=tune.RunConfig(name=name, storage_path=str(Path(storage).resolve()),
+                                  failure_config=tune.FailureConfig(max_failures=max_failures),
+                                  callbacks=[Collector(on_complete)], verbose=0),
+    )
+    grid = tuner.fit()
+    errors = []
+    for result in grid:
+        if result.error is not None:
+            key = TrialSpec.from_dict(result.config["trial"]).key
+            errors.append((key, f"{type(result.error).__name__}: {result.error}"))
+    return errors
+
+
+__all__ = ["TUNE_ENV", "Collector", "cached_encoder", "check_resources", "local_cpus", "ray_session", "run_trials", "trainable"]

@@ -1,0 +1,37 @@
+"""DVC stage finetune@<run>: fine-tune one run of the registry on GLUE and SQuAD 2.0 with the preset's
+grid and seeds on Ray Tune, and track it in MLflow (docs/finetuning.md, docs/tracking.md).
+
+    python stages/finetune.py cocolm            # what `dvc repro finetune@cocolm` runs
+
+Reads models/<run>/ (the encoder with its vocabulary, and fractions/ for the efficiency curves) and the
+task data ($ELECTRALAB_DATA mirror, or the Hugging Face hub); writes metrics/finetune/<run>.json.
+An interrupted grid resumes from checkpoints/finetune/<run>/ without re-running finished trials.
+"""
+
+from __future__ import annotations
+
+from electralab.cli import run_stage
+from electralab.config import Params
+from electralab.env import data_root, repo_root
+from electralab.errors import ConfigError
+from electralab.io import write_json
+from electralab.runs import resolve_all
+
+
+def main(params: Params, args) -> None:
+    runs = resolve_all(params)          # a mistake anywhere in the registry stops here, by key path
+    if args.run not in runs:
+        raise ConfigError(f"run {args.run!r} is not in {args.params} runs (known: {', '.join(runs)})")
+    cfg = params.active.finetune
+    if cfg is None:
+        raise ConfigError(f"presets.{params.preset}.finetune is not set: this preset has no fine-tuning grid")
+    from electralab.finetune.protocol import finetune   # imports torch, Ray and MLflow
+
+    root, run = repo_root(), runs[args.run]
+    summary = finetune(run, cfg, root / "models" / run.name, root / "checkpoints" / "finetune" / run.name,
+                       data_root())
+    write_json(root / "metrics" / "finetune" / f"{run.name}.json", summary)
+
+
+if __name__ == "__main__":
+    run_stage("finetune", main, arguments=lambda p: p.add_argument("run", help="a run name from params.yaml runs"))
