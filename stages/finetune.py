@@ -33,5 +33,9 @@ def main(params: Params, args) -> None:
     write_json(root / "metrics" / "finetune" / f"{run.name}.json", summary)
 
 
+def arguments(parser) -> None:
+    parser.add_argument("run", help="a run name from params.yaml runs")
+
+
 if __name__ == "__main__":
-    run_stage("finetune", main, arguments=lambda p: p.add_argument("run", help="a run name from params.yaml runs"))
+    run_stage("finetune", main, arguments=arguments)

@@ -166,9 +166,11 @@ def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir
         keys = {(s.group.task, s.group.label_fraction) for s in todo}
         errors = run_trials(todo, {k: data[k] for k in keys}, the_plan.encoders, settings, cfg.resources,
                             cfg.max_failures, scratch_dir / "tune", f"{run.name}-phase{phase}", on_complete, trainable_fn)
-        if errors:
-            raise TrialsFailed(f"finetune {run.name}: {len(errors)} trial(s) failed after {cfg.max_failures} retries, "
-                               f"e.g. {errors[0][0]}: {errors[0][1]}; the {len(finals)} finished ones are kept in "
+        unfinished = [s for s in specs if s not in finals]
+        if errors or unfinished:   # a failed trial, or Tune stopped early (Ctrl-C): never select on part of a grid
+            why = (f"{len(errors)} trial(s) failed after {cfg.max_failures} retries, e.g. {errors[0][0]}: {errors[0][1]}"
+                   if errors else f"{len(unfinished)} trial(s) did not finish, e.g. {unfinished[0].key}")
+            raise TrialsFailed(f"finetune {run.name}: {why}; the {len(finals)} finished trials are kept in "
                                f"{scratch_dir} and a re-run resumes from there")
         for group in groups:
             task = TASKS[group.task]

@@ -49,16 +49,15 @@ def local_cpus(resources: TrialResources) -> int:
     return resources.local_cpus or len(os.sched_getaffinity(0))
 
 
-@contextmanager
-def ray_session(resources: TrialResources) -> Iterator[None]:
-    """Ray for the duration of a stage: an already initialised Ray is used as is (tests start one per
-    session), RAY_ADDRESS joins a cluster, otherwise a local Ray is started and shut down at the end."""
+def init_ray(resources: TrialResources) -> bool:
+    """Start Ray unless it runs already; returns whether this call started it. RAY_ADDRESS joins a
+    cluster; otherwise a local Ray with `local_cpus` CPUs, no dashboard, and workers that import this
+    checkout (PYTHONPATH made absolute: trials run in other processes and directories)."""
     os.environ.update(TUNE_ENV)
     # Without the result loggers Tune's ResultGrid warns that it finds no result.json for any trial.
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     if ray.is_initialized():
-        yield
-        return
+        return False
     src = str(Path(__file__).resolve().parents[2])   # the directory holding this `electralab` package
     paths = [src, *(str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
     env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), **TUNE_ENV}
@@ -66,10 +65,19 @@ def ray_session(resources: TrialResources) -> Iterator[None]:
     ray.init(address=address or None, num_cpus=None if address else local_cpus(resources),
              include_dashboard=False, runtime_env={"env_vars": env}, logging_level=logging.WARNING,
              log_to_driver=True)
+    return True
+
+
+@contextmanager
+def ray_session(resources: TrialResources) -> Iterator[None]:
+    """Ray for the duration of a stage: one that runs already is used as is (tests start one per
+    session); one started here is shut down at the end."""
+    started = init_ray(resources)
     try:
         yield
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
 
 
 def check_resources(resources: TrialResources) -> None:
@@ -87,6 +95,14 @@ class Collector(tune.Callback):
 
     def __init__(self, on_complete: Callable[[TrialSpec, dict], None]):
         self.on_complete = on_complete
+
+    def __getstate__(self) -> dict:
+        # Tune pickles its callbacks into the experiment directory for Tuner.restore, which we do not
+        # use (resume is the ResultStore); the driver-side closure (MLflow client, files) stays out.
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.on_complete = lambda spec, report: None
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.on_complete(TrialSpec.from_dict(trial.config["trial"]), trial.last_result)
@@ -144,10 +160,12 @@ def run_trials(specs: list[TrialSpec], data: dict, encoders: dict[str, Path], se
     grid = tuner.fit()
     errors = []
     for result in grid:
-        if result.error is not None:
-            key = TrialSpec.from_dict(result.config["trial"]).key
-            errors.append((key, f"{type(result.error).__name__}: {result.error}"))
+        if result.error is not None:   # the trial's own exception, not Ray's wrapper with its traceback
+            cause = getattr(result.error, "cause", None) or result.error
+            first_line = (str(cause).strip().splitlines() or [""])[0]
+            errors.append((TrialSpec.from_dict(result.config["trial"]).key, f"{type(cause).__name__}: {first_line} "
+                           f"(traceback: {result.path}/error.txt)"))
     return errors
 
 
-__all__ = ["TUNE_ENV", "Collector", "cached_encoder", "check_resources", "local_cpus", "ray_session", "run_trials", "trainable"]
+__all__ = ["TUNE_ENV", "Collector", "cached_encoder", "check_resources", "init_ray", "local_cpus", "ray_session", "run_trials", "trainable"]

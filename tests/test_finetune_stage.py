@@ -1,0 +1,304 @@
+"""finetune@<run> end to end on a tiny checkpoint: real GLUE/SQuAD files, the run's sentencepiece
+vocabulary, Ray Tune trials and an MLflow SQLite store; then retries, an interrupted grid and its resume,
+and the trial loop itself (it learns; dynamic padding changes nothing but speed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from electralab.config import EncoderConfig, TrialResources, load_params
+from electralab.errors import TrialsFailed
+from electralab.export import save_encoder
+from electralab.io import write_json
+from electralab.model.encoder import Encoder, make_token_embedding
+from electralab.runs import resolve_run
+
+from conftest import ROOT, mirror_root
+from helpers import single_thread  # noqa: F401
+
+TASK_METRICS = {"mnli": ("accuracy", "accuracy_mm"), "qnli": ("accuracy",), "sst2": ("accuracy",), "cola": ("mcc",),
+                "rte": ("accuracy",), "mrpc": ("accuracy", "f1"), "stsb": ("pearson", "spearman"),
+                "squad2": ("exact", "f1", "has_ans_exact", "has_ans_f1", "no_ans_exact", "no_ans_f1")}
+TINY_GRID = {"lr": [1.0e-3, 3.0e-4], "epochs": [2], "batch_size": [8], "warmup": [0.1]}
+# The tiny preset's finetune section, shrunk: 16 examples per split, 64-token sequences.
+FINETUNE = {
+    "grids": {"glue_small": TINY_GRID, "glue_large": TINY_GRID, "squad2": {**TINY_GRID, "epochs": [1]}},
+    "max_seq_len": 64, "max_train_examples": 16, "max_eval_examples": 16, "eval_batch_size": 32,
+    "squad": {"doc_stride": 32, "max_query_len": 16, "max_train_questions": 8, "max_eval_questions": 8},
+    "few_shot_fractions": [0.1], "resources": {"cpus": 1, "gpus": 0, "local_cpus": 2}, "max_failures": 1,
+}
+
+
+def tiny_encoder(vocab_size: int, seed: int) -> Encoder:
+    torch.manual_seed(seed)
+    cfg = EncoderConfig(hidden=16, layers=2, heads=2, ffn=32, embedding=16, max_positions=64, relative_buckets=8,
+                        relative_max_distance=16)
+    return Encoder(cfg, make_token_embedding(vocab_size, cfg.embedding))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, vocab_dir) -> Path:
+    """models/<run>/ as pretrain@<run> writes it: encoder/ (with the vocabulary), summary.json and the
+    fraction checkpoints 050 and 100 with their hours."""
+    from electralab.data.vocab import Tokenizer
+
+    root = tmp_path_factory.mktemp("models") / "run"
+    vocab = Tokenizer(vocab_dir).vocab_size
+    save_encoder(tiny_encoder(vocab, 0), root / "encoder", vocab_dir)
+    write_json(root / "summary.json", {"wall_hours": 0.5, "device_hours": 0.5, "steps": 100})
+    for pct, seed in (("050", 1), ("100", 0)):
+        save_encoder(tiny_encoder(vocab, seed), root / "fractions" / pct / "encoder")
+        write_json(root / "fractions" / pct / "meta.json",
+                   {"fraction": int(pct) / 100, "step": int(pct), "wall_hours": int(pct) / 200, "device_hours": int(pct) / 100})
+    return root
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory) -> str:
+    """One SQLite store for the module (creating one costs ~2 s of migrations)."""
+    from mlflow import MlflowClient
+
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    MlflowClient(uri).create_experiment("electralab-tiny", artifact_location=(root / "artifacts").as_uri())
+    return uri
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    from electralab.finetune.tuning import init_ray
+
+    init_ray(TrialResources(local_cpus=2))
+    yield
+    ray.shutdown()
+
+
+def make_project(tmp_path: Path, models: Path, run: str, **finetune) -> Path:
+    """A project root: params.yaml (tiny preset, FINETUNE + overrides) and models/<run> -> the fixture."""
+    root = tmp_path / "project"
+    (root / "models").mkdir(parents=True)
+    (root / "models" / run).symlink_to(models, target_is_directory=True)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params["preset"] = "tiny"
+    tiny = params["presets"]["tiny"]["finetune"]
+    for key, value in {**FINETUNE, **finetune}.items():
+        tiny[key] = {**tiny[key], **value} if key in ("squad", "resources") else value
+    (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def env(monkeypatch, mlflow_uri):
+    def use(root: Path) -> None:
+        monkeypatch.setenv("DVC_ROOT", str(root))
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+        monkeypatch.setenv("ELECTRALAB_DATA", str(mirror_root()))
+    return use
+
+
+def load_stage():
+    spec = importlib.util.spec_from_file_location("finetune_stage", ROOT / "stages" / "finetune.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def search(uri: str, run: str, stage: str):
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    return mlflow.search_runs(experiment_names=["electralab-tiny"],
+                              filter_string=f"tags.stage = '{stage}' and tags.run = '{run}'")
+
+
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(tmp_path, models, env, mlflow_uri, local_ray):
+    from mlflow import MlflowClient
+
+    from electralab.report.build import fetch_results
+
+    root = make_project(tmp_path, models, "cocolm")   # cocolm is in coco-lm/fig3 and coco-lm/fig7: both extras
+    env(root)
+    stage = load_stage()
+    stage.run_stage("finetune", stage.main, ["--params", str(root / "params.yaml"), "cocolm"], stage.arguments)
+
+    # metrics/finetune/<run>.json: medians per task, missing QQP (no dev split in the mirror) with its reason
+    out = json.loads((root / "metrics" / "finetune" / "cocolm.json").read_text())
+    for task, metrics in TASK_METRICS.items():
+        assert set(out[task]) == set(metrics), task
+    assert "no dev split" in out["missing"]["qqp"] and "qqp" not in out and "glue_avg" not in out
+    assert set(out["checkpoints"]) == {"050"} and set(out["checkpoints"]["050"]["mnli"]) == {"accuracy", "accuracy_mm"}
+    assert set(out["label_fractions"]) == {"0.1"}
+    assert out["trials"] == 8 * 2 * 5 + 5 + 5
+    assert not (root / "checkpoints" / "finetune" / "cocolm").exists()     # scratch cleared on success
+
+    parents = search(mlflow_uri, "cocolm", "finetune")
+    children = search(mlflow_uri, "cocolm", "finetune-trial")
+    client = MlflowClient(mlflow_uri)
+    assert (parents["status"] == "FINISHED").all() and (children["status"] == "FINISHED").all()
+    key = parents["tags.task"] + "@" + parents["tags.checkpoint"] + "@" + parents["tags.label_fraction"]
+    assert sorted(key) == sorted([f"{t}@final@1.0" for t in [*TASK_METRICS, "qqp"]] + ["mnli@050@1.0", "mnli@final@0.1"])
+    for _, parent in parents.iterrows():
+        tags = {k.removeprefix("tags."): v for k, v in parent.items() if k.startswith("tags.")}
+        assert {tags["run"], tags["method"], tags["preset"], tags["seed"]} == {"cocolm", "cocolm", "tiny", "1,2,3,4,5"}
+        assert "coco-lm/fig7" in tags["tables"] and tags["git_sha"]
+        if tags["task"] == "qqp":
+            assert "no dev split" in tags["missing"] and np.isnan(parent.get("metrics.median_accuracy", np.nan))
+            continue
+        task, mine = tags["task"], children[children["tags.mlflow.parentRunId"] == parent["run_id"]]
+        extra = tags["checkpoint"] != "final" or tags["label_fraction"] != "1.0"
+        assert len(mine) == (5 if extra else 10), key
+        assert tags["main_metric"] == {"cola": "mcc", "stsb": "spearman", "squad2": "f1"}.get(task, "accuracy")
+        for metric in TASK_METRICS[task]:
+            for stat in ("median", "std", "min", "max"):
+                assert np.isfinite(parent[f"metrics.{stat}_{metric}"]) or metric in ("pearson", "spearman"), (key, metric)
+        assert parent["metrics.num_train_examples"] > 0 and parent["metrics.num_eval_examples"] > 0
+        # the median is the median of the selected configuration's children, at their last evaluation
+        selected = mine[mine["tags.config"] == parent["params.selected.config"]]
+        main = tags["main_metric"]
+        assert len(selected) == 5
+        assert parent[f"metrics.median_{main}"] == pytest.approx(np.median(selected[f"metrics.{main}"]), nan_ok=True)
+        medians = client.download_artifacts(parent["run_id"], "medians.csv", str(tmp_path / parent["run_id"]))
+        assert len(Path(medians).read_text().strip().splitlines()) == 1 + (1 if extra else 2)
+    fraction = parents[parents["tags.checkpoint"] == "050"].iloc[0]
+    assert (fraction["metrics.wall_hours"], fraction["metrics.device_hours"]) == (0.25, 0.5)   # from its meta.json
+    few = parents[parents["tags.label_fraction"] == "0.1"].iloc[0]
+    assert few["metrics.num_train_examples"] == 16 and few["metrics.num_train_available"] == 480   # 10% of 480, capped
+
+    child = children.iloc[0]
+    assert {"params.lr", "params.epochs", "params.batch_size", "params.warmup", "params.seed"} <= set(children.columns)
+    steps = [m.step for m in client.get_metric_history(child["run_id"], "train_loss")]
+    assert steps == list(range(1, int(child["params.epochs"]) + 1))        # one evaluation per epoch
+
+    # the report reads these parents as they are
+    cells = fetch_results("tiny", mlflow_uri).cells
+    cells = cells[cells["run"] == "cocolm"]
+    assert set(cells[cells["task"] == "mnli"]["checkpoint"]) == {"final", "050"}
+    assert set(cells[cells["task"] == "mnli"]["label_fraction"]) == {1.0, 0.1}
+    assert set(cells[(cells["task"] == "squad2")]["metric"]) >= {"exact", "f1"}
+
+
+def test_stage_errors_are_one_line_and_leave_no_metrics(tmp_path, env, capsys):
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "params.yaml").write_text((ROOT / "params.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    env(root)
+    stage = load_stage()
+    for run, message in (("nope", "run 'nope' is not in"), ("mlm", "no exported encoder; run the pretraining first")):
+        with pytest.raises(SystemExit) as exit_info:
+            stage.run_stage("finetune", stage.main, ["--params", str(root / "params.yaml"), run], stage.arguments)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (root / "metrics").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# Retries, interruption, resume
+
+def recording_trainable(record_dir: str, fail_always: str = "", fail_once: str = ""):
+    """The real trainable, recording every attempt in record_dir; trials whose key contains every
+    "*"-separated part of `fail_always` always raise, the one whose key is `fail_once` raises on its
+    first attempt."""
+    def fn(config, **kwargs):
+        from pathlib import Path as P
+
+        from electralab.finetune.grid import TrialSpec
+        from electralab.finetune.tuning import trainable
+
+        key = TrialSpec.from_dict(config["trial"]).key
+        attempt = P(record_dir) / key.replace("/", "|")
+        attempts = int(attempt.read_text()) + 1 if attempt.exists() else 1
+        attempt.write_text(str(attempts))
+        if (fail_always and all(part in key for part in fail_always.split("*"))) or (key == fail_once and attempts == 1):
+            raise RuntimeError(f"injected failure of {key}")
+        return trainable(config, **kwargs)
+    return fn
+
+
+def attempts(record_dir: Path) -> dict[str, int]:
+    return {p.name.replace("|", "/"): int(p.read_text()) for p in record_dir.iterdir()}
+
+
+@pytest.mark.slow
+def test_failed_trials_are_retried_and_an_interrupted_grid_resumes(tmp_path, models, env, mlflow_uri, local_ray):
+    from electralab.finetune.protocol import finetune
+
+    root = make_project(tmp_path, models, "mlm", tasks=["mnli", "rte"])   # mlm: + MNLI on checkpoint 050
+    env(root)
+    params = load_params(root / "params.yaml")
+    run, cfg = resolve_run(params, "mlm"), params.active.finetune
+    scratch = root / "checkpoints" / "finetune" / "mlm"
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    flaky = "mnli/lr=0.001,epochs=2,bs=8,warmup=0.1/seed=1"
+
+    # 1st run: one MNLI trial fails once (retried), one RTE trial on every attempt: the grid stops
+    broken = "rte/lr=0.001,epochs=2,bs=8,warmup=0.1/seed=3"
+    with pytest.raises(TrialsFailed, match=r"1 trial\(s\) failed after 1 retries, e\.g\. rte/lr=0\.001,.*seed=3: "
+                                           r"RuntimeError: injected failure .*error\.txt"):
+        finetune(run, cfg, models, scratch, mirror_root(), show_progress=False,
+                 trainable_fn=recording_trainable(str(first), fail_always=broken, fail_once=flaky))
+    tried = attempts(first)
+    assert tried[flaky] == 2 and tried[broken] == 2                           # each retried once
+    assert len(tried) == 20 and sum(tried.values()) == 22                      # phase 2 never started
+    parents = search(mlflow_uri, "mlm", "finetune")
+    assert sorted(parents["tags.task"]) == ["mnli", "rte"] and (parents["status"] == "FAILED").all()
+    assert "injected failure" in parents["tags.error"].iloc[0]
+    assert (scratch / "results").is_dir() and not (root / "metrics").exists()
+
+    # 2nd run: only what did not finish runs; the same parents continue, no child is logged twice
+    summary = finetune(run, cfg, models, scratch, mirror_root(), show_progress=False,
+                       trainable_fn=recording_trainable(str(second)))
+    selected = search(mlflow_uri, "mlm", "finetune").query("`tags.task` == 'mnli' and `tags.checkpoint` == 'final'")
+    lr = selected["params.selected.lr"].iloc[0]
+    assert sorted(attempts(second)) == sorted([broken, *[f"mnli@ckpt050/lr={lr},epochs=2,bs=8,warmup=0.1/seed={s}"
+                                                         for s in range(1, 6)]])
+    assert set(summary) >= {"mnli", "rte", "checkpoints"} and summary["trials"] == 25
+    after = search(mlflow_uri, "mlm", "finetune")
+    assert set(parents["run_id"]) <= set(after["run_id"]) and (after["status"] == "FINISHED").all()
+    children = search(mlflow_uri, "mlm", "finetune-trial")
+    per_parent = children.groupby("tags.mlflow.parentRunId").size()
+    assert sorted(per_parent.tolist()) == [5, 10, 10]
+    assert not children.duplicated(["tags.mlflow.parentRunId", "tags.config", "tags.seed"]).any()
+    assert not scratch.exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# The trial loop, in-process
+
+@pytest.mark.usefixtures("single_thread")
+def test_the_trial_loop_learns_and_dynamic_padding_changes_nothing(vocab_dir):
+    from electralab.data.vocab import Tokenizer
+    from electralab.finetune.data import prepare
+    from electralab.finetune.grid import HParams
+    from electralab.finetune.model import FinetuneModel
+    from electralab.finetune.tasks import TASKS
+    from electralab.finetune.trial import TrialSettings, run_trial
+
+    tok = Tokenizer(vocab_dir)
+    cfg = dataclasses.replace(load_params(ROOT / "params.yaml").presets["tiny"].finetune, max_seq_len=64,
+                              max_train_examples=64, max_eval_examples=64)
+    data = prepare(TASKS["sst2"], tok, cfg, mirror_root())[1.0]
+    encoder = tiny_encoder(tok.vocab_size, 0)
+    history = run_trial(data, encoder, HParams(3e-3, 25, 16, 0.1), seed=1, settings=TrialSettings.of(cfg))
+    assert [h["epoch"] for h in history] == list(range(1, 26))
+    assert history[0]["train_loss"] > 0.6 and history[-1]["train_loss"] < 0.2   # it fits its training set
+
+    model = FinetuneModel(tiny_encoder(tok.vocab_size, 0), TASKS["sst2"]).eval()
+    index = np.arange(16)
+    with torch.no_grad():
+        dynamic = model(*data.train.batch(index)[:2])
+        fixed = model(*data.train.batch(index, pad_to=64)[:2])
+    torch.testing.assert_close(dynamic, fixed, atol=1e-5, rtol=1e-5)
