@@ -97,18 +97,10 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir: Path, data_root: Path | None, *,
-             trainable_fn: Callable | None = None, show_progress: bool = True) -> dict:
-    """Fine-tune and evaluate `run` (see the module docstring); returns the metrics file's content."""
-    from electralab.finetune.tuning import ray_session, run_trials   # imports Ray
-
-    started = time.perf_counter()
-    model_dir, scratch_dir = Path(model_dir).resolve(), Path(scratch_dir).resolve()
-    the_plan = plan(run, cfg, model_dir)
-    tokenizer = Tokenizer(model_dir / "encoder")
-    settings = TrialSettings.of(cfg)
-
-    # Data: each task read and tokenised once, for every label fraction its groups use.
+def load_data(the_plan: Plan, cfg: FinetuneConfig, tokenizer: Tokenizer,
+              data_root: Path | None) -> dict[tuple[str, float], TaskData]:
+    """Each task read and tokenised once, for every label fraction its groups use; a task with a
+    missing split marks its groups missing in the plan."""
     fractions: dict[str, set[float]] = {}
     for group in the_plan.groups:
         fractions.setdefault(group.task, set()).add(group.label_fraction)
@@ -118,90 +110,134 @@ def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir
             for fraction, prepared in prepare(TASKS[task], tokenizer, cfg, data_root, sorted(wanted)).items():
                 data[(task, fraction)] = prepared
         except MissingSplit as e:
-            for group in the_plan.groups:
-                if group.task == task:
-                    the_plan.missing[group.key] = str(e)
-    runnable = [g for g in the_plan.groups if g.key not in the_plan.missing]
-    weights = {ckpt: sha256_file(d / "weights.pt") for ckpt, d in the_plan.encoders.items()}
-    fingerprints = {g: fingerprint(g.key, weights[g.checkpoint], data[(g.task, g.label_fraction)].fingerprint,
-                                   asdict(settings), cfg.max_seq_len) for g in runnable}
+            the_plan.missing.update({g.key: str(e) for g in the_plan.groups if g.task == task})
+    return data
 
-    store = ResultStore(scratch_dir / "results")
-    tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json")
-    selections: dict[Group, Selection] = {}
-    bar = tqdm(desc=f"finetune {run.name}", unit="trial", disable=not show_progress, dynamic_ncols=True)
 
-    def grid_of(group: Group) -> list[HParams]:
-        if Plan.is_extra(group) and cfg.extras_grid == "selected":
-            return [selections[Group(group.task)].best]
-        return configurations(getattr(cfg.grids, TASKS[group.task].grid))
+class GridRun:
+    """The trials of one run's groups: which to run, what they gave, the selections, MLflow."""
 
-    def run_phase(groups: list[Group], phase: int) -> None:
-        specs = [TrialSpec(g, hp, seed) for g in groups for hp in grid_of(g) for seed in cfg.seeds]
+    def __init__(self, run: ResolvedRun, cfg: FinetuneConfig, the_plan: Plan, data: dict[tuple[str, float], TaskData],
+                 scratch_dir: Path, show_progress: bool):
+        self.run, self.cfg, self.plan, self.data, self.scratch_dir = run, cfg, the_plan, data, scratch_dir
+        self.settings = TrialSettings.of(cfg)
+        weights = {ckpt: sha256_file(d / "weights.pt") for ckpt, d in the_plan.encoders.items()}
+        # What a finished trial depended on: a result with another fingerprint is stale.
+        self.fingerprints = {g: fingerprint(g.key, weights[g.checkpoint], data[(g.task, g.label_fraction)].fingerprint,
+                                            asdict(self.settings), cfg.max_seq_len) for g in self.runnable}
+        self.store = ResultStore(scratch_dir / "results")
+        self.tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json")
+        self.selections: dict[Group, Selection] = {}
+        self.resumed = 0
+        self.bar = tqdm(desc=f"finetune {run.name}", unit="trial", disable=not show_progress, dynamic_ncols=True)
+        self.settings_params = {k: v for k, v in to_dict(cfg).items()
+                                if k in ("max_seq_len", "max_train_examples", "max_eval_examples", "adam_betas",
+                                         "adam_eps", "weight_decay", "clip_norm", "group_by_length", "squad")}
+
+    @property
+    def runnable(self) -> list[Group]:
+        return [g for g in self.plan.groups if g.key not in self.plan.missing]
+
+    def uses_selection(self, group: Group) -> bool:
+        return Plan.is_extra(group) and self.cfg.extras_grid == "selected"
+
+    def grid_of(self, group: Group) -> list[HParams]:
+        if self.uses_selection(group):
+            return [self.selections[Group(group.task)].best]
+        return configurations(getattr(self.cfg.grids, TASKS[group.task].grid))
+
+    def run_phase(self, groups: list[Group], phase: int, trainable_fn: Callable | None) -> None:
+        """Every configuration x seed of `groups` (finished ones from the store), then each group's selection."""
+        from electralab.finetune.tuning import run_trials   # imports Ray
+
+        specs = [TrialSpec(g, hp, seed) for g in groups for hp in self.grid_of(g) for seed in self.cfg.seeds]
         finals: dict[TrialSpec, dict[str, float]] = {}
 
         def record(spec: TrialSpec, result: dict) -> None:
             task = TASKS[spec.group.task]
-            parent = tracker.parent(spec.group, task, fingerprints[spec.group])
+            parent = self.tracker.parent(spec.group, task, self.fingerprints[spec.group])
             if result.get("mlflow_parent") != parent:    # not logged under this parent yet
-                result |= {"mlflow_child": tracker.trial(spec, parent, result), "mlflow_parent": parent}
-                store.put(spec, result)
+                result |= {"mlflow_child": self.tracker.trial(spec, parent, result), "mlflow_parent": parent}
+                self.store.put(spec, result)
             last = result["history"][-1]
             finals[spec] = {m: last[m] for m in task.metrics if m in last}
-            bar.update(1)
+            self.bar.update(1)
 
         def on_complete(spec: TrialSpec, report: dict) -> None:
-            result = {"fingerprint": fingerprints[spec.group], "history": json.loads(report["history"])}
-            store.put(spec, result)    # first: a finished trial is never run again
+            result = {"fingerprint": self.fingerprints[spec.group], "history": json.loads(report["history"])}
+            self.store.put(spec, result)    # first: a finished trial is never run again
             record(spec, result)
 
+        self.bar.total = (self.bar.total or 0) + len(specs)
         todo = []
-        bar.total = (bar.total or 0) + len(specs)
         for spec in specs:
-            done = store.get(spec, fingerprints[spec.group])
+            done = self.store.get(spec, self.fingerprints[spec.group])
             if done is None:
                 todo.append(spec)
             else:
+                self.resumed += 1
                 record(spec, done)
         keys = {(s.group.task, s.group.label_fraction) for s in todo}
-        errors = run_trials(todo, {k: data[k] for k in keys}, the_plan.encoders, settings, cfg.resources,
-                            cfg.max_failures, scratch_dir / "tune", f"{run.name}-phase{phase}", on_complete, trainable_fn)
+        errors = run_trials(todo, {k: self.data[k] for k in keys}, self.plan.encoders, self.settings, self.cfg.resources,
+                            self.cfg.max_failures, self.scratch_dir / "tune", f"{self.run.name}-phase{phase}",
+                            on_complete, trainable_fn)
         unfinished = [s for s in specs if s not in finals]
         if errors or unfinished:   # a failed trial, or Tune stopped early (Ctrl-C): never select on part of a grid
-            why = (f"{len(errors)} trial(s) failed after {cfg.max_failures} retries, e.g. {errors[0][0]}: {errors[0][1]}"
-                   if errors else f"{len(unfinished)} trial(s) did not finish, e.g. {unfinished[0].key}")
-            raise TrialsFailed(f"finetune {run.name}: {why}; the {len(finals)} finished trials are kept in "
-                               f"{scratch_dir} and a re-run resumes from there")
+            why = (f"{len(errors)} trial(s) failed after {self.cfg.max_failures} retries, e.g. {errors[0][0]}: "
+                   f"{errors[0][1]}" if errors else f"{len(unfinished)} trial(s) did not finish, e.g. {unfinished[0].key}")
+            raise TrialsFailed(f"finetune {self.run.name}: {why}; the {len(finals)} finished trials are kept in "
+                               f"{self.scratch_dir} and a re-run resumes from there")
         for group in groups:
-            task = TASKS[group.task]
-            mine = {s: m for s, m in finals.items() if s.group == group}
-            selections[group] = select(mine, grid_of(group), task.main_metric)
-            d = data[(group.task, group.label_fraction)]
-            metrics = {**d.counts, **the_plan.hours.get(group.checkpoint, {}),
-                       "configurations": len(grid_of(group)), "trials": len(mine)}
-            params = {"grid": "selected on the final checkpoint" if len(grid_of(group)) == 1 and Plan.is_extra(group)
-                      else asdict(getattr(cfg.grids, task.grid)),
-                      "data": d.sources, "encoder": str(the_plan.encoders[group.checkpoint]),
-                      "finetune": {k: v for k, v in to_dict(cfg).items()
-                                   if k in ("max_seq_len", "max_train_examples", "max_eval_examples", "adam_betas",
-                                            "adam_eps", "weight_decay", "clip_norm", "group_by_length", "squad")}}
-            tracker.finish(tracker.parent(group, task, fingerprints[group]), selections[group], metrics, params)
+            self.finish(group, {s: m for s, m in finals.items() if s.group == group})
 
+    def finish(self, group: Group, finals: dict[TrialSpec, dict[str, float]]) -> None:
+        """The group's selection, and its parent run completed."""
+        task = TASKS[group.task]
+        self.selections[group] = select(finals, self.grid_of(group), task.main_metric)
+        d = self.data[(group.task, group.label_fraction)]
+        metrics = {**d.counts, **self.plan.hours.get(group.checkpoint, {}),
+                   "configurations": len(self.grid_of(group)), "trials": len(finals)}
+        grid = ("the configuration selected on the final checkpoint" if self.uses_selection(group)
+                else asdict(getattr(self.cfg.grids, task.grid)))
+        params = {"grid": grid, "data": d.sources, "encoder": str(self.plan.encoders[group.checkpoint]),
+                  "finetune": self.settings_params}
+        self.tracker.finish(self.tracker.parent(group, task, self.fingerprints[group]), self.selections[group],
+                            metrics, params)
+
+
+def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir: Path, data_root: Path | None, *,
+             trainable_fn: Callable | None = None, show_progress: bool = True) -> dict:
+    """Fine-tune and evaluate `run` (see the module docstring); returns the metrics file's content.
+    `trainable_fn` replaces the Tune trainable (tests inject failures with it)."""
+    from electralab.finetune.tuning import ray_session   # imports Ray
+
+    started = time.perf_counter()
+    model_dir, scratch_dir = Path(model_dir).resolve(), Path(scratch_dir).resolve()
+    the_plan = plan(run, cfg, model_dir)
+    data = load_data(the_plan, cfg, Tokenizer(model_dir / "encoder"), data_root)
+    grid = GridRun(run, cfg, the_plan, data, scratch_dir, show_progress)
+    seconds = {"data": time.perf_counter() - started}
     try:
         with ray_session(cfg.resources):
-            first = [g for g in runnable if not (Plan.is_extra(g) and cfg.extras_grid == "selected")]
-            run_phase(first, 1)
-            run_phase([g for g in runnable if g not in first], 2)
+            first = [g for g in grid.runnable if not grid.uses_selection(g)]
+            for phase, groups in ((1, first), (2, [g for g in grid.runnable if g not in first])):
+                begin = time.perf_counter()
+                grid.run_phase(groups, phase, trainable_fn)
+                seconds[f"phase {phase}"] = time.perf_counter() - begin
         for group in the_plan.groups:
             if group.key in the_plan.missing:
-                tracker.missing(group, TASKS[group.task], the_plan.missing[group.key])
+                grid.tracker.missing(group, TASKS[group.task], the_plan.missing[group.key])
     except BaseException as error:
-        bar.close()
-        tracker.fail(error)
+        grid.bar.close()
+        grid.tracker.fail(error)
         raise
-    bar.close()
+    grid.bar.close()
     shutil.rmtree(scratch_dir, ignore_errors=True)
-    return summarize(selections, the_plan.missing, time.perf_counter() - started)
+    summary = summarize(grid.selections, the_plan.missing, time.perf_counter() - started)
+    print(f"finetune {run.name}: {summary['trials']} trials ({grid.resumed} from an earlier run) of "
+          f"{len(grid.selections)} groups in {summary['seconds']:.0f} s ("
+          + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + f"); missing: {', '.join(the_plan.missing) or 'none'}")
+    return summary
 
 
 def summarize(selections: dict[Group, Selection], missing: dict[str, str], seconds: float) -> dict:
@@ -228,4 +264,4 @@ def summarize(selections: dict[Group, Selection], missing: dict[str, str], secon
     return out
 
 
-__all__ = ["EFFICIENCY_TABLES", "FEW_SHOT_TABLES", "Plan", "finetune", "plan", "summarize"]
+__all__ = ["EFFICIENCY_TABLES", "FEW_SHOT_TABLES", "GridRun", "Plan", "finetune", "load_data", "plan", "summarize"]

@@ -231,8 +231,8 @@ def read_split(task: Task, split: str, data_root: Path | None) -> GlueSplit | Sq
             path = data_root / "squad2" / SQUAD_FILES[split]
         else:
             path = data_root / "glue" / task.directory / f"{split}.tsv"
-        if not path.is_file():
-            raise MissingSplit(f"no {split} split: {path} does not exist")
+        if not path.is_file():   # relative: the message lands in metrics/finetune/<run>.json, kept in git
+            raise MissingSplit(f"no {split} split: {path.relative_to(data_root)} is not in the ELECTRALAB_DATA mirror")
         return read_squad_json(path) if task.kind == "span" else read_glue_tsv(task, path)
     return _read_hub(task, split)
 
