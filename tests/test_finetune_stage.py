@@ -302,3 +302,14 @@ def test_the_trial_loop_learns_and_dynamic_padding_changes_nothing(vocab_dir):
         dynamic = model(*data.train.batch(index)[:2])
         fixed = model(*data.train.batch(index, pad_to=64)[:2])
     torch.testing.assert_close(dynamic, fixed, atol=1e-5, rtol=1e-5)
+
+
+def test_trials_never_wait_for_resources_the_cluster_lacks(local_ray):
+    from electralab.config import ConfigError
+    from electralab.finetune.tuning import check_resources
+
+    check_resources(TrialResources(cpus=1, gpus=0))
+    with pytest.raises(ConfigError, match=r"finetune.resources.gpus=0.25 per trial, but the Ray cluster has 0 GPUs"):
+        check_resources(TrialResources(cpus=1, gpus=0.25))
+    with pytest.raises(ConfigError, match=r"finetune.resources.cpus=3 per trial, but the Ray cluster has 2 CPUs"):
+        check_resources(TrialResources(cpus=3))

@@ -1,0 +1,127 @@
+"""Benchmark: fine-tuning throughput with dynamic padding against fixed 512-token padding, in one run,
+on the same examples, with the stage's own training step.
+
+    ELECTRALAB_DATA=../shared/data PYTHONPATH=src python bench/finetune_throughput.py       # after pretrain@mlm
+    # options: --model models/mlm/encoder  --tasks sst2 mnli rte  --examples 256  --repeat 2  --threads 1
+
+Variants, each one training pass (forward, backward, AdamW step, batch 32) over the same examples of
+each task, tokenised with the run's vocabulary (max 512 tokens):
+- fixed512: every batch padded to 512 tokens (the papers' "sequence length 512" taken literally, as a
+  TensorFlow/TPU pipeline with static shapes does);
+- dynamic: random batches padded to their longest row;
+- dynamic+grouped: what the stage does (features.train_batches): batches of similar lengths within
+  windows of 50 batches, padded to their longest row.
+The step is exactly finetune.trial's (FinetuneModel + make_adamw; attention masks [PAD], so the
+padding changes the speed, not the result: tests check the outputs match). One thread by default, as
+one trial of the stage runs. Reported: examples/s, real (non-[PAD]) tokens/s, the [PAD] share, the
+speed-up over fixed512; the best of `--repeat` passes, variants interleaved. JSON -> bench/out/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from electralab.config import load_params  # noqa: E402
+from electralab.data.vocab import Tokenizer  # noqa: E402
+from electralab.env import data_root  # noqa: E402
+from electralab.export import load_encoder  # noqa: E402
+from electralab.finetune.features import Encoded, encode_pairs, train_batches  # noqa: E402
+from electralab.finetune.model import FinetuneModel  # noqa: E402
+from electralab.finetune.tasks import TASKS, read_split  # noqa: E402
+from electralab.train.common import make_adamw  # noqa: E402
+
+BATCH = 32
+VARIANTS = ("fixed512", "dynamic", "dynamic+grouped")
+
+
+def training_pass(model: FinetuneModel, encoded: Encoded, variant: str, seed: int) -> tuple[float, int, int]:
+    """Seconds for one pass, real tokens and padded positions."""
+    opt = make_adamw(model, lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
+    batches = train_batches(encoded.lengths, BATCH, np.random.default_rng(seed), group_by_length=variant == "dynamic+grouped")
+    pad_to = 512 if variant == "fixed512" else None
+    model.train()
+    real = padded = 0
+    start = time.perf_counter()
+    for index in batches:
+        input_ids, attention_mask, labels = encoded.batch(index, pad_to=pad_to)
+        loss = model.loss(model(input_ids, attention_mask), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        real += int(attention_mask.sum())
+        padded += attention_mask.numel()
+    return time.perf_counter() - start, real, padded
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=str(ROOT / "models" / "mlm" / "encoder"), help="an exported encoder (with its vocabulary)")
+    parser.add_argument("--tasks", nargs="+", default=["sst2", "mnli", "rte"])
+    parser.add_argument("--examples", type=int, default=256, help="training examples per task (a fixed random subset)")
+    parser.add_argument("--fixed-examples", type=int, default=64,
+                        help="fixed512 is timed on the first N of those examples: every row costs 512 tokens "
+                             "whichever it is, and a pass over all of them takes minutes on a CPU")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "finetune_throughput.json"))
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    root = data_root() or (ROOT / "../shared/data").resolve()
+    tokenizer = Tokenizer(args.model)
+    encoder = load_encoder(args.model)
+    if encoder.cfg.max_positions < 512:
+        sys.exit(f"{args.model}: max_positions={encoder.cfg.max_positions} < 512, cannot pad to 512")
+    cfg = load_params(ROOT / "params.yaml").active.finetune
+    print(f"{args.model}: {encoder.cfg.layers} layers x {encoder.cfg.hidden}; {args.threads} thread(s); "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
+
+    results = []
+    for name in args.tasks:
+        task = TASKS[name]
+        split = read_split(task, "train", root)
+        keep = np.sort(np.random.default_rng(0).permutation(len(split))[: args.examples])
+        split = split.subset(keep)
+        encoded = encode_pairs(tokenizer, split.text_a, split.text_b, split.labels, 512)
+        fixed_rows = encoded.subset(np.arange(min(args.fixed_examples, len(encoded))))
+        best: dict[str, dict] = {}
+        for r in range(args.repeat):
+            for variant in VARIANTS:   # interleaved: a load spike hits every variant alike
+                torch.manual_seed(0)
+                model = FinetuneModel(load_encoder(args.model), task)
+                rows = fixed_rows if variant == "fixed512" else encoded
+                seconds, real, padded = training_pass(model, rows, variant, seed=r)
+                rate = {"examples_per_s": len(rows) / seconds, "tokens_per_s": real / seconds,
+                        "pad_share": 1 - real / padded, "timed_examples": len(rows)}
+                if variant not in best or rate["examples_per_s"] > best[variant]["examples_per_s"]:
+                    best[variant] = rate
+        for variant in VARIANTS:
+            rate = best[variant]
+            row = {"task": name, "variant": variant, "mean_tokens": round(float(encoded.lengths.mean()), 1),
+                   "timed_examples": rate["timed_examples"], "examples_per_s": round(rate["examples_per_s"], 1),
+                   "tokens_per_s": round(rate["tokens_per_s"]), "pad_share": round(rate["pad_share"], 3),
+                   "speedup_vs_fixed512": round(rate["examples_per_s"] / best["fixed512"]["examples_per_s"], 1)}
+            results.append(row)
+            print(f"{name:5s} {variant:16s} {row['examples_per_s']:8.1f} ex/s {row['tokens_per_s']:8d} tok/s "
+                  f"pad {row['pad_share']:.0%}  x{row['speedup_vs_fixed512']}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": args.model, "threads": args.threads, "batch_size": BATCH,
+                               "load_average_end": os.getloadavg()[0], "results": results}, indent=2) + "\n")
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()
