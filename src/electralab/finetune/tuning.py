@@ -41,8 +41,8 @@ from electralab.finetune.trial import run_trial
 
 # Tune writes a CSV/JSON/TensorBoard result log per trial and changes into a trial directory by
 # default; we need neither (results go to the ResultStore and MLflow, paths are absolute).
-TUNE_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": "0",
-            "RAY_AIR_NEW_OUTPUT": "0", "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "60"}
+# RAY_AIR_NEW_OUTPUT=0: the classic reporter, which verbose=0 silences (the stage has its own progress bar).
+TUNE_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": "0", "RAY_AIR_NEW_OUTPUT": "0"}
 
 
 def local_cpus(resources: TrialResources) -> int:
@@ -50,21 +50,23 @@ def local_cpus(resources: TrialResources) -> int:
 
 
 def init_ray(resources: TrialResources) -> bool:
-    """Start Ray unless it runs already; returns whether this call started it. RAY_ADDRESS joins a
-    cluster; otherwise a local Ray with `local_cpus` CPUs, no dashboard, and workers that import this
-    checkout (PYTHONPATH made absolute: trials run in other processes and directories)."""
+    """Start Ray unless it runs already; returns whether this call started it. RAY_ADDRESS joins that
+    cluster (whose workers have the project installed, docs/finetuning.md); otherwise a local Ray with
+    `local_cpus` CPUs, no dashboard, and workers that import this checkout (PYTHONPATH made absolute:
+    trials run in other processes, where a relative `src` or another installed copy would win)."""
     os.environ.update(TUNE_ENV)
     # Without the result loggers Tune's ResultGrid warns that it finds no result.json for any trial.
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     if ray.is_initialized():
         return False
-    src = str(Path(__file__).resolve().parents[2])   # the directory holding this `electralab` package
-    paths = [src, *(str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
-    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), **TUNE_ENV}
     address = os.environ.get("RAY_ADDRESS")
+    env = dict(TUNE_ENV)
+    if not address:
+        src = str(Path(__file__).resolve().parents[2])   # the directory holding this `electralab` package
+        paths = [src, *(str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     ray.init(address=address or None, num_cpus=None if address else local_cpus(resources),
-             include_dashboard=False, runtime_env={"env_vars": env}, logging_level=logging.WARNING,
-             log_to_driver=True)
+             include_dashboard=False, runtime_env={"env_vars": env}, logging_level=logging.WARNING)
     return True
 
 
