@@ -120,7 +120,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
-            meter.add({"loss": torch.tensor(loss), "grad_norm": grad_norm.detach().float()})
+            meter.add({"loss": loss_sum / accumulation, "grad_norm": grad_norm.detach()})   # on the device
             bar.update(1)
 
             if step % cfg.log_every == 0 or step == cfg.steps:
@@ -253,7 +253,16 @@ class Meter:
             self.counts[k] = self.counts.get(k, 0) + ok.float()
 
     def means(self) -> dict[str, float]:
-        return {k: float(self.sums[k] / self.counts[k]) for k in self.sums if float(self.counts[k]) > 0}
+        """Means over the window and, in a data-parallel job, over all ranks (every rank calls this)."""
+        names = sorted(self.sums)
+        device = next(iter(self.sums.values())).device   # CUDA under NCCL: every metric lives there
+        sums = torch.stack([self.sums[k].to(device) for k in names])
+        counts = torch.stack([self.counts[k].to(device) for k in names])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            both = torch.cat([sums, counts])
+            torch.distributed.all_reduce(both)
+            sums, counts = both[: len(names)], both[len(names):]
+        return {k: float(s / c) for k, s, c in zip(names, sums.tolist(), counts.tolist()) if c > 0}
 
     def reset(self) -> None:
         self.sums.clear()
