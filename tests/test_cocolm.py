@@ -38,14 +38,7 @@ from helpers import VOCAB, make_batch, tiny_generators, tiny_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors gain nothing from intra-op threads, and on a shared 2-core machine two spinning
-    # threads make each step 10-100x slower. Restored for the other test modules.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")   # conftest: tiny tensors, one thread
 
 
 # ------------------------------------------------------------------------------------------------

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import ROOT, assert_no_output, mirror_root
-from project_helpers import copy_project, env_for, run, set_param
+from conftest import assert_no_output, mirror_root
+from project_helpers import BIN, copy_project, env_for, run, set_param
 
 # ---- stage scripts: expected errors exit 2 with the key/value/file and no traceback -----------------
 
