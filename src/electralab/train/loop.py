@@ -68,13 +68,15 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
 
     state = checkpointer.load()
     if state is None:
-        checkpointer.clear()      # nothing of a different configuration survives
+        if dist.is_main:
+            checkpointer.clear()  # nothing of a different configuration survives
         step, elapsed, last_logged = 0, 0.0, {}
     else:
         objective.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
-        loader.load_state_dict(state["loader"])
+        # Rank 0 saved its loader position; every rank is at the same position of its own part.
+        loader.load_state_dict({**state["loader"], "rank": dist.rank})
         step, elapsed, last_logged = state["step"], state["elapsed"], state["last_logged"]
     tracker = Tracker.start(run, resume_id=state and state.get("mlflow_run_id")) if dist.is_main else None
     batches = iter(loader)   # infinite; loader.state_dict() always points at the next batch
@@ -145,7 +147,8 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                                    "step": step, "elapsed": elapsed, "last_logged": last_logged,
                                    "mlflow_run_id": tracker.run_id if tracker else None})
             if dist.is_main and step in fraction_steps:
-                save_fraction(checkpointer, objective, fraction_steps[step], step, elapsed, devices)
+                so_far = elapsed + time.perf_counter() - window_start
+                save_fraction(checkpointer, objective, fraction_steps[step], step, so_far, devices)
     except BaseException as error:
         bar.close()
         if tracker:
