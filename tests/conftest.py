@@ -111,6 +111,19 @@ def static_shards_dir(tmp_path_factory, corpus_dir, vocab_dir) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for a module of tiny-model tests: threads only add overhead on such tensors,
+    and on a busy 2-core machine two spinning threads make each step 10-100x slower. Use with
+    `pytestmark = pytest.mark.usefixtures("single_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def assert_no_output(path: Path) -> None:
     """Nothing at `path` and no temporary beside it: a failed stage left nothing that looks complete."""
     assert not path.exists(), f"{path} exists after a failure"

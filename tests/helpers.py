@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import torch
 
 from electralab import CLS_ID, MASK_ID, PAD_ID, SEP_ID
@@ -63,17 +62,6 @@ def train_losses(build, batch: Batch, steps: int = 6, lr: float = 1e-3, seed: in
         loss.backward()
         opt.step()
     return losses
-
-
-@pytest.fixture
-def single_thread():
-    """Run a test with one intra-op thread: on these tiny models more threads only add overhead and
-    contend with parallel jobs (10x slower on a busy 2-core machine). Use with
-    `pytestmark = pytest.mark.usefixtures("single_thread")` after importing it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def jitter(module: torch.nn.Module, std: float = 0.1, seed: int = 0) -> torch.nn.Module:

@@ -40,13 +40,7 @@ TAU = 0.3          # App. B: "The temperature for Gumbel-Softmax is tau = 0.3"
 NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tensors here are tiny: intra-op threads cost more than they save (and spin on a busy box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")   # conftest: tiny tensors, one thread
 
 
 def build(*, model=None, seed: int = 0, **settings) -> Amos:

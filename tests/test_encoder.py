@@ -4,19 +4,17 @@ shared parts, and the papers' parameter counts."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from electralab.config import EncoderConfig, load_params
 from electralab.model.encoder import (Encoder, RelativePositionBias, SelfAttention, TransformerLayer,
                                       count_parameters, make_token_embedding, relative_position_bucket)
 
-from helpers import VOCAB, jitter, single_thread, tiny_model
+from helpers import VOCAB, jitter, tiny_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

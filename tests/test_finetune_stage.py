@@ -22,7 +22,6 @@ from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.runs import resolve_run
 
 from conftest import ROOT, mirror_root
-from helpers import single_thread  # noqa: F401
 
 TASK_METRICS = {"mnli": ("accuracy", "accuracy_mm"), "qnli": ("accuracy",), "sst2": ("accuracy",), "cola": ("mcc",),
                 "rte": ("accuracy",), "mrpc": ("accuracy", "f1"), "stsb": ("pearson", "spearman"),

@@ -12,14 +12,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from electralab.config import GeneratorSize, GeneratorSizes, load_params
+from electralab.config import load_params
 from electralab.model.encoder import count_parameters
 from electralab.objectives import build_objective, method_settings
 from electralab.objectives.common import sample
 from electralab.objectives.electra import Electra
 from electralab.objectives.mlm import MLM
 
-from helpers import VOCAB, jitter, make_batch, single_thread, tiny_generators, tiny_model, train_losses
+from helpers import VOCAB, jitter, make_batch, tiny_generators, tiny_model, train_losses
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

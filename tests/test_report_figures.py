@@ -16,7 +16,6 @@ from electralab.report import Sources, cosines
 from electralab.report import figures as F
 from electralab.report.build import fetch_results, metric_history
 
-from helpers import single_thread  # noqa: F401
 from report_helpers import CORPUS, ENCODER_RUNS, STEPS, VOCAB_SIZE, median_of, tiny_encoder
 
 pytestmark = pytest.mark.usefixtures("single_thread")   # tiny models: threads only add overhead

@@ -19,7 +19,6 @@ from electralab.report import stem
 from electralab.report.specs import TABLES
 from electralab.report.track import ROW_STAGE
 
-from helpers import single_thread  # noqa: F401
 from report_helpers import CORPUS, _run, median_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")   # tiny models: threads only add overhead

@@ -15,7 +15,7 @@ from electralab.model.encoder import TransformerLayer, count_parameters
 from electralab.objectives import method_settings
 from electralab.objectives.teams import Teams, draw_candidates
 
-from helpers import VOCAB, jitter, make_batch, single_thread, tiny_generators, tiny_model, train_losses
+from helpers import VOCAB, jitter, make_batch, tiny_generators, tiny_model, train_losses
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -54,10 +54,11 @@ def ensure_experiment(preset: str) -> str:
 
 def git_sha() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
+        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
+                              timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    return proc.stdout.strip() if proc.returncode == 0 else "unknown"   # "unknown": no commit yet
 
 
 def run_tags(*, run: str, method: str, tables: Iterable[str], preset: str, seed: int, stage: str,

@@ -173,7 +173,10 @@ class Encoder(nn.Module):
                        device: torch.device) -> torch.Tensor | None:
         """Additive attention mask (B or 1, heads or 1, T, T): relative bias + -inf on [PAD] keys."""
         bias = self.relative_bias(length, device) if self.relative_bias is not None else None
-        if attention_mask is not None:
+        # Packed pretraining blocks rarely hold [PAD]: without one, keep the bias (1, heads, T, T)
+        # rather than (B, heads, T, T), and with no relative bias either, let SDPA pick its fused
+        # mask-free kernels (flash attention on CUDA).
+        if attention_mask is not None and not bool(attention_mask.all()):
             pad = torch.zeros(attention_mask.shape, dtype=torch.float32, device=device)
             pad = pad.masked_fill(~attention_mask, torch.finfo(torch.float32).min)[:, None, None, :]
             bias = pad if bias is None else bias + pad

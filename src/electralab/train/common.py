@@ -20,8 +20,9 @@ def make_adamw(module: torch.nn.Module, *, lr: float, betas: tuple[float, float]
         if p.requires_grad:
             (no_decay if p.ndim < 2 else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = all(p.is_cuda for p in decay + no_decay)
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+    fused = all(p.is_cuda for p in decay + no_decay)   # one kernel on CUDA; multi-tensor ops elsewhere
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused,
+                             foreach=None if fused else True)
 
 
 def linear_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int,

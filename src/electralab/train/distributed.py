@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from electralab import tracking
+from electralab.env import repo_root
+from electralab.io import read_json
 from electralab.runs import ResolvedRun
 
 
@@ -25,9 +27,11 @@ def pretrain_on_ray(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_d
 
     paths = {k: str(Path(v).resolve()) if v is not None else None
              for k, v in dict(shards=shards_dir, out=out_dir, scratch=scratch_dir, vocab=vocab_dir).items()}
-    env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri(), "PYTHONUNBUFFERED": "1"}
-    env.update({k: os.environ[k] for k in ("DVC_ROOT", "DVC_EXP_NAME", "ELECTRALAB_DATA") if k in os.environ})
-    if not ray.is_initialized():
+    # Workers start in Ray's own directories: hand them absolute locations of everything.
+    env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri(), "DVC_ROOT": str(repo_root()), "PYTHONUNBUFFERED": "1"}
+    env.update({k: os.environ[k] for k in ("DVC_EXP_NAME",) if k in os.environ})
+    started_here = not ray.is_initialized()
+    if started_here:
         ray.init(address=address or os.environ.get("RAY_ADDRESS"), runtime_env={"env_vars": env},
                  include_dashboard=False, log_to_driver=True)
 
@@ -50,7 +54,11 @@ def pretrain_on_ray(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_d
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=RunConfig(name=f"pretrain-{run.name}", storage_path=str(Path(paths["scratch"]) / "ray")),
     )
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    finally:
+        if started_here:
+            ray.shutdown()
     if result.error:
         raise result.error
-    return dict(result.metrics or {})
+    return read_json(Path(paths["out"]) / "summary.json")   # written by rank 0

@@ -69,13 +69,15 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
 
     state = checkpointer.load()
     if state is None:
-        checkpointer.clear()      # nothing of a different configuration survives
+        if dist.is_main:
+            checkpointer.clear()  # nothing of a different configuration survives
         step, elapsed, last_logged = 0, 0.0, {}
     else:
         objective.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
-        loader.load_state_dict(state["loader"])
+        # Rank 0 saved its loader position; every rank is at the same position of its own part.
+        loader.load_state_dict({**state["loader"], "rank": dist.rank})
         step, elapsed, last_logged = state["step"], state["elapsed"], state["last_logged"]
     tracker = Tracker.start(run, resume_id=state and state.get("mlflow_run_id")) if dist.is_main else None
     batches = iter(loader)   # infinite; loader.state_dict() always points at the next batch
@@ -121,7 +123,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
-            meter.add({"loss": torch.tensor(loss), "grad_norm": grad_norm.detach().float()})
+            meter.add({"loss": loss_sum / accumulation, "grad_norm": grad_norm.detach()})   # on the device
             bar.update(1)
 
             if step % cfg.log_every == 0 or step == cfg.steps:
@@ -146,7 +148,8 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                                    "step": step, "elapsed": elapsed, "last_logged": last_logged,
                                    "mlflow_run_id": tracker.run_id if tracker else None})
             if dist.is_main and step in fraction_steps:
-                save_fraction(checkpointer, objective, fraction_steps[step], step, elapsed, devices)
+                so_far = elapsed + time.perf_counter() - window_start
+                save_fraction(checkpointer, objective, fraction_steps[step], step, so_far, devices)
     except BaseException as error:
         bar.close()
         if tracker:
@@ -234,7 +237,16 @@ class Meter:
             self.counts[k] = self.counts.get(k, 0) + ok.float()
 
     def means(self) -> dict[str, float]:
-        return {k: float(self.sums[k] / self.counts[k]) for k in self.sums if float(self.counts[k]) > 0}
+        """Means over the window and, in a data-parallel job, over all ranks (every rank calls this)."""
+        names = sorted(self.sums)
+        device = next(iter(self.sums.values())).device   # CUDA under NCCL: every metric lives there
+        sums = torch.stack([self.sums[k].to(device) for k in names])
+        counts = torch.stack([self.counts[k].to(device) for k in names])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            both = torch.cat([sums, counts])
+            torch.distributed.all_reduce(both)
+            sums, counts = both[: len(names)], both[len(names):]
+        return {k: float(s / c) for k, s, c in zip(names, sums.tolist(), counts.tolist()) if c > 0}
 
     def reset(self) -> None:
         self.sums.clear()

@@ -1,0 +1,375 @@
+"""The pretraining stage as users run it: DVC end to end with MLflow, exact resume after SIGKILL, the NaN
+guard, Ray Train with two workers against one, gradient accumulation, the registry, the HF export.
+
+A miniature preset (12 x 16 main model, 32-token blocks, a few steps) keeps each run to seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import ROOT, mirror_root
+from project_helpers import BIN, copy_project, env_for, run
+
+from electralab.config import load_params
+from electralab.errors import ConfigError, TrainingDiverged
+
+MINI = {
+    "model": {"hidden": 16, "heads": 1, "ffn": 32, "embedding": 16},
+    "generators": {"electra": {"hidden": 8, "heads": 1, "ffn": 16}, "cocolm": {"layers": 4},
+                   "amos": {"layers": 8}, "teams": {"layers": 6}},
+    "shards": {"seq_len": 32},
+    "vocab": {"size": 1000},
+    "pretrain": {"steps": 8, "batch_size": 4, "micro_batch_size": 4, "warmup_steps": 2, "log_every": 1,
+                 "checkpoint_every": 2, "checkpoint_fractions": [0.5, 1.0]},
+}
+
+
+def shrink(project: Path, **pretrain) -> None:
+    """The tiny preset of `project`'s params.yaml, shrunk to MINI (plus pretrain overrides)."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    tiny = params["presets"]["tiny"]
+    for section, values in MINI.items():
+        tiny[section].update(values)
+    tiny["pretrain"].update(pretrain)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def mlflow_env(project: Path, db: Path) -> dict:
+    env = env_for(project, mirror_root())
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{db}"
+    return env
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A project copy with the shrunk tiny preset and its data stages already built."""
+    project = copy_project(tmp_path_factory.mktemp("pretrain-project"))
+    shrink(project)
+    env = env_for(project, mirror_root())
+    for stage in ("corpus", "vocab", "shards"):
+        proc = run([sys.executable, f"stages/{stage}.py"], project, env)
+        assert proc.returncode == 0, proc.stderr
+    return project
+
+
+def mlflow_client(db: Path):
+    from mlflow import MlflowClient
+
+    return MlflowClient(f"sqlite:///{db}")
+
+
+def only_run(client, run_name: str):
+    experiment = client.get_experiment_by_name("electralab-tiny")
+    runs = client.search_runs([experiment.experiment_id], f"tags.run = '{run_name}' and tags.stage = 'pretrain'")
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    return runs[0]
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# ---- DVC end to end, with MLflow as the contracts say -----------------------------------------------
+
+@pytest.mark.slow
+def test_dvc_repro_pretrain_with_dependent_runs_and_mlflow(tmp_path):
+    project = copy_project(tmp_path / "project")
+    shrink(project)
+    env = mlflow_env(project, tmp_path / "mlflow.db")
+    for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "project"]):
+        assert run(cmd, project, env).returncode == 0
+    sha = run(["git", "rev-parse", "HEAD"], project, env).stdout.strip()
+    proc = run([str(BIN / "dvc"), "repro", "pretrain@cocolm_converged_aux", "pretrain@amos_final_mix"], project, env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # DVC ran each run's producer first: the converged auxiliary and the final mixture weights exist.
+    for stage in ("shards", "pretrain@cocolm", "pretrain@cocolm_converged_aux", "pretrain@amos", "pretrain@amos_final_mix"):
+        assert f"Running stage '{stage}'" in proc.stdout
+    assert proc.stdout.index("'pretrain@cocolm'") < proc.stdout.index("'pretrain@cocolm_converged_aux'")
+
+    out = project / "models" / "cocolm"
+    assert {p.name for p in out.iterdir()} == {"encoder", "auxiliary.pt", "fractions", "summary.json"}
+    assert {p.name for p in (out / "fractions").iterdir()} == {"050", "100"}
+    assert json.loads((out / "fractions" / "050" / "meta.json").read_text())["step"] == 4
+    assert (out / "encoder" / "tokenizer.json").is_file()   # the vocabulary travels with the model
+    assert not (project / "checkpoints" / "cocolm").exists()   # scratch cleared after success
+    metrics = json.loads((project / "metrics" / "pretrain" / "cocolm.json").read_text())
+    for key in ("loss", "copy_acc_replaced", "clm_acc_original", "scl_pos_cos", "tokens_per_s", "mfu",
+                "wall_hours", "device_hours", "params_main"):
+        assert key in metrics, key
+    amos_mix = json.loads((project / "metrics" / "pretrain" / "amos.json").read_text())
+    assert sum(amos_mix[f"mix_weight_exit{d}"] for d in (4, 6, 8)) == pytest.approx(1.0, abs=1e-4)
+
+    client = mlflow_client(tmp_path / "mlflow.db")
+    cocolm = only_run(client, "cocolm")
+    tags = cocolm.data.tags
+    assert tags["method"] == "cocolm" and tags["preset"] == "tiny" and tags["seed"] == "1"
+    assert "coco-lm/table3" in tags["tables"].split(",") and tags["git_sha"] == sha and tags["dvc_exp"] == ""
+    assert cocolm.info.status == "FINISHED"
+    assert cocolm.data.params["settings.copy_weight"] == "50.0" and cocolm.data.params["pretrain.steps"] == "8"
+    history = client.get_metric_history(cocolm.info.run_id, "loss")
+    assert [m.step for m in history] == list(range(1, 9))
+    for name in ("scl_neg_cos", "copy_acc_original", "clm_acc_replaced", "tokens_per_s", "mfu", "lr"):
+        assert client.get_metric_history(cocolm.info.run_id, name), name
+    artifacts = {a.path for a in client.list_artifacts(cocolm.info.run_id)}
+    assert {"encoder", "auxiliary.pt", "summary.json"} <= artifacts
+    amos = only_run(client, "amos")
+    assert client.get_metric_history(amos.info.run_id, "mix_weight_exit6")
+    final_mix = only_run(client, "amos_final_mix")
+    assert final_mix.data.params["settings.mixture"] == "fixed"
+
+
+# ---- exact resume ----------------------------------------------------------------------------------
+
+def start(project: Path, run_name: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "stages/pretrain.py", run_name], cwd=project, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"finished before it could be killed: {proc.stderr.read()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run_name", ["electra", "cocolm"])   # sampling, dropout, crops: every RNG in play
+def test_sigkill_then_rerun_gives_the_weights_of_an_uninterrupted_run(project, tmp_path, run_name):
+    env = mlflow_env(project, tmp_path / "mlflow.db")
+    encoder = project / "models" / run_name / "encoder" / "weights.pt"
+    state = project / "checkpoints" / run_name / "state.pt"
+
+    proc = run([sys.executable, "stages/pretrain.py", run_name], project, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = weights(encoder)
+
+    for kill_at in ("after the first checkpoint", "after the second checkpoint", "one second in"):
+        proc = start(project, run_name, env)
+        if kill_at == "after the first checkpoint":
+            kill_when(proc, state.exists)
+        elif kill_at == "after the second checkpoint":
+            first = None
+
+            def second_checkpoint():
+                nonlocal first
+                if state.exists():
+                    first = first or state.stat().st_mtime_ns
+                    return state.stat().st_mtime_ns != first
+                return False
+
+            kill_when(proc, second_checkpoint)
+        else:
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        resumed = run([sys.executable, "stages/pretrain.py", run_name], project, env)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        got = weights(encoder)
+        assert got.keys() == reference.keys()
+        for name, tensor in reference.items():
+            assert torch.equal(got[name], tensor), f"{kill_at}: {name} differs"
+
+    # One MLflow run per run and attempt that finished; the resumed ones continued their run.
+    client = mlflow_client(tmp_path / "mlflow.db")
+    experiment = client.get_experiment_by_name("electralab-tiny").experiment_id
+    finished = client.search_runs([experiment], f"tags.run = '{run_name}' and attributes.status = 'FINISHED'")
+    assert len(finished) == 4
+    for r in finished:
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "loss")]
+        assert max(steps) == 8
+
+
+def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp_path):
+    from electralab.runs import resolve_run
+    from electralab.train.checkpoint import Checkpointer, fingerprint
+
+    params = load_params(project / "params.yaml")
+    run_a = resolve_run(params, "mlm")
+    run_b = dataclasses.replace(run_a, pretrain=dataclasses.replace(run_a.pretrain, lr=0.5))
+    scratch = tmp_path / "scratch"
+    Checkpointer(scratch, fingerprint(run_a.as_params())).save({"step": 3})
+    assert Checkpointer(scratch, fingerprint(run_a.as_params())).load()["step"] == 3
+    assert Checkpointer(scratch, fingerprint(run_b.as_params())).load() is None
+
+
+# ---- in-process: NaN guard, accumulation, config errors ---------------------------------------------
+
+@pytest.fixture()
+def tracking(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return tmp_path / "mlflow.db"
+
+
+def resolved(project: Path, name: str, model: dict | None = None, **pretrain):
+    from electralab.runs import resolve_run
+
+    run_ = resolve_run(load_params(project / "params.yaml"), name)
+    return dataclasses.replace(run_, pretrain=dataclasses.replace(run_.pretrain, **pretrain),
+                               model=dataclasses.replace(run_.model, **(model or {})))
+
+
+def test_nan_loss_stops_with_the_step_keeps_the_checkpoint_and_fails_the_mlflow_run(project, tmp_path, tracking,
+                                                                                     monkeypatch):
+    import electralab.train.loop as loop
+
+    real_build = loop.build_objective
+
+    def build_with_fault(*args, **kwargs):
+        objective = real_build(*args, **kwargs)
+        calls = {"n": 0}
+
+        def poison(module, inputs, output):   # the 5th forward (step 5) returns a NaN loss
+            calls["n"] += 1
+            if calls["n"] == 5:
+                output.loss = output.loss * float("nan")
+            return output
+
+        objective.register_forward_hook(poison)
+        return objective
+
+    monkeypatch.setattr(loop, "build_objective", build_with_fault)
+    run_ = resolved(project, "electra", checkpoint_every=2)
+    scratch, out = tmp_path / "scratch", tmp_path / "out"
+    with pytest.raises(TrainingDiverged, match=r"run electra: loss=nan .* at step 5; the last good checkpoint"):
+        loop.pretrain(run_, project / "data" / "shards", out, scratch, show_progress=False)
+    assert torch.load(scratch / "state.pt", weights_only=False)["step"] == 4   # the last good one survives
+    assert not out.exists()
+    client = mlflow_client(tracking)
+    failed = client.search_runs([client.get_experiment_by_name("electralab-tiny").experiment_id])[0]
+    assert failed.info.status == "FAILED" and "TrainingDiverged" in failed.data.tags["error"]
+
+
+def loss_curve(db: Path, run_name: str) -> list[float]:
+    client = mlflow_client(db)
+    r = client.search_runs([client.get_experiment_by_name("electralab-tiny").experiment_id],
+                           f"tags.run = '{run_name}'", order_by=["attributes.start_time DESC"])[0]
+    return [m.value for m in sorted(client.get_metric_history(r.info.run_id, "loss"), key=lambda m: m.step)]
+
+
+def test_gradient_accumulation_matches_one_big_micro_batch(project, tmp_path, tracking):
+    from electralab.train.loop import pretrain
+
+    no_dropout = {"dropout": 0.0, "attention_dropout": 0.0}
+    curves = []
+    for micro in (8, 4, 2):
+        run_ = resolved(project, "mlm", model=no_dropout, batch_size=8, micro_batch_size=micro, steps=5)
+        pretrain(run_, project / "data" / "shards", tmp_path / f"out{micro}", tmp_path / f"s{micro}",
+                 show_progress=False)
+        curves.append(loss_curve(tracking, "mlm"))
+    for curve in curves[1:]:
+        assert curve == pytest.approx(curves[0], rel=1e-5)
+
+
+def test_batch_not_divisible_and_gpu_without_cuda_are_config_errors(project, tmp_path, tracking):
+    from electralab.train.loop import pretrain
+
+    with pytest.raises(ConfigError, match="batch_size=6 is not a multiple of micro_batch_size=4"):
+        pretrain(resolved(project, "mlm", batch_size=6), project / "data" / "shards", tmp_path / "o", tmp_path / "s")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="use_gpu=true but no CUDA device"):
+            pretrain(resolved(project, "mlm", use_gpu=True), project / "data" / "shards", tmp_path / "o",
+                     tmp_path / "s")
+
+
+def test_stage_with_an_unknown_run_exits_2_naming_it(project):
+    proc = run([sys.executable, "stages/pretrain.py", "no_such_run"], project, env_for(project, mirror_root()))
+    assert proc.returncode == 2
+    assert "error: run 'no_such_run' is not in params.yaml runs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- Ray Train: two workers against one -------------------------------------------------------------
+
+@pytest.mark.slow
+def test_two_ray_workers_follow_the_loss_curve_of_one(project, tmp_path, tracking):
+    import ray
+
+    from electralab.train.distributed import pretrain_on_ray
+    from electralab.train.loop import pretrain
+
+    no_dropout = {"dropout": 0.0, "attention_dropout": 0.0}
+    one = resolved(project, "mlm", model=no_dropout, batch_size=8, micro_batch_size=8, steps=6)
+    pretrain(one, project / "data" / "shards", tmp_path / "one", tmp_path / "s1", show_progress=False)
+    single = loss_curve(tracking, "mlm")
+
+    two = resolved(project, "mlm", model=no_dropout, batch_size=8, micro_batch_size=4, steps=6, num_workers=2)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"]}})
+        summary = pretrain_on_ray(two, project / "data" / "shards", tmp_path / "two", tmp_path / "s2",
+                                  num_workers=2, use_gpu=False)
+    finally:
+        ray.shutdown()
+    double = loss_curve(tracking, "mlm")
+    assert summary["devices"] == 2 and summary["steps"] == 6
+    # Each rank reads its half of every global batch (same samples, same masks): same curve.
+    assert double == pytest.approx(single, rel=1e-4)
+    a, b = weights(tmp_path / "one" / "encoder" / "weights.pt"), weights(tmp_path / "two" / "encoder" / "weights.pt")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+# ---- the registry and the export ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "base", "base_pp", "large_pp"])
+def test_every_run_of_the_registry_resolves_and_builds(preset):
+    from electralab.config import parse_params
+    from electralab.objectives import build_objective
+    from electralab.runs import resolve_all
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["preset"] = preset
+    runs = resolve_all(parse_params(raw))
+    assert len(runs) == len(raw["runs"]) >= 50
+    for name, r in runs.items():
+        if r.spec.reads != "data/shards":   # built on another run's output: that file exists only later
+            continue
+        with torch.device("meta"):          # shapes only: base-size models cost no memory here
+            objective = build_objective(r.method, r.settings, r.model, r.generators, 32768)
+        assert objective.main_encoder().cfg.layers >= r.model.layers, name
+
+
+def test_huggingface_export_matches_our_encoder_and_relative_configs_use_our_format(tmp_path):
+    from transformers import AutoModel
+
+    from electralab.config import EncoderConfig
+    from electralab.export import load_encoder, save_encoder, save_huggingface
+    from electralab.model.encoder import Encoder, make_token_embedding
+
+    torch.manual_seed(0)
+    absolute = EncoderConfig(hidden=32, layers=3, heads=2, ffn=64, embedding=16, max_positions=64,
+                             relative_positions=False)
+    encoder = Encoder(absolute, make_token_embedding(100, 16)).eval()
+    with torch.no_grad():
+        for p in encoder.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_huggingface(encoder, tmp_path / "hf")
+    theirs = AutoModel.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.randint(5, 100, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0
+    with torch.no_grad():
+        ours = encoder(ids, mask.bool())[-1]
+        hf = theirs(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert torch.allclose(ours[mask.bool()], hf[mask.bool()], atol=1e-5)
+
+    relative = dataclasses.replace(absolute, relative_positions=True)
+    encoder = Encoder(relative, make_token_embedding(100, 16)).eval()
+    with pytest.raises(ConfigError, match="Hugging Face export needs absolute positions"):
+        save_huggingface(encoder, tmp_path / "hf2")
+    save_encoder(encoder, tmp_path / "ours")
+    with torch.no_grad():
+        assert torch.equal(load_encoder(tmp_path / "ours").eval()(ids)[-1], encoder(ids)[-1])
