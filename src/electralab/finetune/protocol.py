@@ -80,7 +80,7 @@ def plan(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path) -> Plan:
             extras += [Group(task, checkpoint=directory.name) for task in cfg.efficiency_tasks]
         if not fractions:
             for task in cfg.efficiency_tasks:
-                out.missing[f"{task}@checkpoints"] = (f"no pretraining fraction checkpoints in {model_dir / 'fractions'} "
+                out.missing[f"{task}@checkpoints"] = (f"no pretraining fraction checkpoints in models/{run.name}/fractions "
                                                       f"(presets.<preset>.pretrain.checkpoint_fractions)")
     if tables & set(FEW_SHOT_TABLES):
         extras += [Group(task, label_fraction=f) for task in cfg.few_shot_tasks for f in cfg.few_shot_fractions if f < 1]
