@@ -178,8 +178,10 @@ def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(tmp_path, m
 
     child = children.iloc[0]
     assert {"params.lr", "params.epochs", "params.batch_size", "params.warmup", "params.seed"} <= set(children.columns)
-    steps = [m.step for m in client.get_metric_history(child["run_id"], "train_loss")]
-    assert steps == list(range(1, int(child["params.epochs"]) + 1))        # one evaluation per epoch
+    epochs = int(child["params.epochs"])
+    assert [m.step for m in client.get_metric_history(child["run_id"], "train_loss")] == list(range(1, epochs + 1))
+    metric = TASK_METRICS[child["tags.task"]][0]                           # tiny: eval_every_epoch false
+    assert [m.step for m in client.get_metric_history(child["run_id"], metric)] == [epochs]
 
     # the report reads these parents as they are
     cells = fetch_results("tiny", mlflow_uri).cells
@@ -291,8 +293,9 @@ def test_the_trial_loop_learns_and_dynamic_padding_changes_nothing(vocab_dir):
                               max_train_examples=64, max_eval_examples=64)
     data = prepare(TASKS["sst2"], tok, cfg, mirror_root())[1.0]
     encoder = tiny_encoder(tok.vocab_size, 0)
-    history = run_trial(data, encoder, HParams(3e-3, 25, 16, 0.1), seed=1, settings=TrialSettings.of(cfg))
-    assert [h["epoch"] for h in history] == list(range(1, 26))
+    settings = dataclasses.replace(TrialSettings.of(cfg), eval_every_epoch=True)
+    history = run_trial(data, encoder, HParams(3e-3, 25, 16, 0.1), seed=1, settings=settings)
+    assert [h["epoch"] for h in history] == list(range(1, 26)) and all("accuracy" in h for h in history)
     assert history[0]["train_loss"] > 0.6 and history[-1]["train_loss"] < 0.2   # it fits its training set
 
     model = FinetuneModel(tiny_encoder(tok.vocab_size, 0), TASKS["sst2"]).eval()

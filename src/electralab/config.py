@@ -275,6 +275,8 @@ class FinetuneConfig:
     max_train_examples: int | None = bounded(None, lo=1)
     max_eval_examples: int | None = bounded(None, lo=1)
     eval_batch_size: int = bounded(128, lo=1)
+    # Evaluate after every epoch (a child run's curve), or after the last one only (the result either way).
+    eval_every_epoch: bool = True
     # Optimiser (COCO-LM Table 7): Adam (0.9, 0.98), eps 1e-6, weight decay 0.01, no clipping.
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = bounded(1e-6, lo=0.0, hi=1.0)

@@ -7,8 +7,9 @@ split(s) after every epoch.
 
 Reads top-down: seed, model, optimiser (COCO-LM Table 7: AdamW (0.9, 0.98), eps 1e-6, weight decay
 0.01, linear warm-up over `warmup` of the steps then linear decay, no clipping), then per epoch one pass
-over length-grouped, dynamically padded batches and an evaluation. The trial's result is its last
-evaluation ("max epochs" is a grid dimension); earlier ones are logged for the curve.
+over length-grouped, dynamically padded batches and an evaluation (after the last epoch only with
+eval_every_epoch false). The trial's result is its last evaluation ("max epochs" is a grid dimension);
+earlier ones are logged for the curve.
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ class TrialSettings:
     weight_decay: float
     clip_norm: float
     eval_batch_size: int
+    eval_every_epoch: bool
     group_by_length: bool
     squad: SquadSettings
 
     @classmethod
     def of(cls, cfg: FinetuneConfig) -> "TrialSettings":
         return cls(cfg.adam_betas, cfg.adam_eps, cfg.weight_decay, cfg.clip_norm, cfg.eval_batch_size,
-                   cfg.group_by_length, cfg.squad)
+                   cfg.eval_every_epoch, cfg.group_by_length, cfg.squad)
 
 
 def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings: TrialSettings,
@@ -78,8 +80,9 @@ def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
         # A diverged configuration is a result too (its dev metrics show it): the grid goes on.
-        history.append({"epoch": epoch, "train_loss": float(torch.stack(losses).mean()),
-                        **evaluate(model, data, settings, device), "seconds": time.perf_counter() - started})
+        evaluated = evaluate(model, data, settings, device) if settings.eval_every_epoch or epoch == hp.epochs else {}
+        history.append({"epoch": epoch, "train_loss": float(torch.stack(losses).mean()), **evaluated,
+                        "seconds": time.perf_counter() - started})
         if report is not None:
             report(history)
     return history
