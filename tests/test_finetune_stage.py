@@ -315,3 +315,31 @@ def test_trials_never_wait_for_resources_the_cluster_lacks(local_ray):
         check_resources(TrialResources(cpus=1, gpus=0.25))
     with pytest.raises(ConfigError, match=r"finetune.resources.cpus=3 per trial, but the Ray cluster has 2 CPUs"):
         check_resources(TrialResources(cpus=3))
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize("export,on_top,layers", [("mws", False, 12), ("rtd", False, 12), ("mws", True, 13)],
+                         ids=["TEAMS MWS branch", "RTD head outputs", "task head on 12th layer"])
+def test_any_runs_export_fine_tunes(tmp_path, vocab_dir, export, on_top, layers):
+    """The main Transformer as each TEAMS variant exports it goes through save/load into a trial."""
+    from electralab.data.vocab import Tokenizer
+    from electralab.export import load_encoder
+    from electralab.finetune.data import prepare
+    from electralab.finetune.grid import HParams
+    from electralab.finetune.tasks import TASKS
+    from electralab.finetune.trial import TrialSettings, run_trial
+    from electralab.objectives.teams import Teams
+
+    from helpers import tiny_generators, tiny_model
+
+    tok = Tokenizer(vocab_dir)
+    torch.manual_seed(0)
+    teams = Teams(tiny_model(), tiny_generators(), tok.vocab_size, Teams.Settings(export=export, heads_on_top=on_top))
+    save_encoder(teams.main_encoder(), tmp_path / "encoder", vocab_dir)
+    encoder = load_encoder(tmp_path / "encoder")
+    assert len(encoder.layers) == layers
+    cfg = dataclasses.replace(load_params(ROOT / "params.yaml").presets["tiny"].finetune, max_seq_len=64,
+                              max_train_examples=32, max_eval_examples=32)
+    data = prepare(TASKS["rte"], Tokenizer(tmp_path / "encoder"), cfg, mirror_root())[1.0]
+    history = run_trial(data, encoder, HParams(1e-3, 1, 16, 0.1), seed=1, settings=TrialSettings.of(cfg))
+    assert 0 <= history[-1]["accuracy"] <= 100
