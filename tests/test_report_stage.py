@@ -89,8 +89,8 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     assert "cocolm_no_copy" not in metrics["glue_avg"]              # 7 of 8 tasks: no average
     assert metrics["cells"]["coco-lm/table3"] == {"filled": 98, "total": 110}
 
-    # The DVC stage proposed for dvc.yaml: its deps exist, its plots files are the ones written.
-    snippet = yaml.safe_load((ROOT / "report.dvc-stage.yaml").read_text())
+    # The report stage of dvc.yaml: its deps exist, its plots files are the ones written.
+    snippet = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     report = snippet["stages"]["report"]
     assert report["always_changed"] is True and report["outs"] == ["reports"]
     assert all((ROOT / d).exists() for d in report["deps"] if not d.startswith("metrics/"))
