@@ -165,7 +165,7 @@ def dvc_repro(workspace: Path, target: str, env: dict[str, str], *, single: bool
     Raises StageFailed on a non-zero exit so the Prefect task, and with it the flow, fails."""
     logger = get_run_logger()
     cmd = [tool("dvc"), "--wait-for-lock", "repro", *(["--single-item"] if single else []), target]
-    logger.info("$ %s   (in %s)", " ".join(cmd[1:]), workspace)
+    logger.info("$ dvc %s   (in %s)", " ".join(cmd[1:]), workspace)
     output, tail, last_progress = [], deque(maxlen=30), 0.0
     proc = subprocess.Popen(cmd, cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)   # text mode: tqdm's \r updates arrive as lines
