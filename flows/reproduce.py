@@ -18,11 +18,10 @@ What it does, in order (docs/operations.md explains each choice):
    and named. A failed stage fails the flow. Prefect never serves a stage from its own input cache.
 4. Publishes a summary and the report's tables as Prefect Markdown artifacts, linking the MLflow experiment.
 
-One workspace runs one stage at a time: `dvc repro` holds the workspace's repository lock for its whole run,
-and the tasks call `dvc --wait-for-lock`, so two flows on one workspace take turns stage by stage instead of
-corrupting it. Parallelism comes from inside a stage (torch threads; Ray Train workers over GPUs with
-presets.<preset>.pretrain.num_workers and RAY_ADDRESS) and from flows of different presets, whose workspaces
-have their own locks.
+One flow works in a workspace at a time (a lock under .electralab/locks/; a second flow waits for the first to
+end, then finds its stages up to date), and it runs one stage at a time. Parallelism comes from inside a stage
+(torch threads; Ray Train workers over GPUs with presets.<preset>.pretrain.num_workers and RAY_ADDRESS) and from
+flows of different presets, whose workspaces are separate. docs/operations.md explains why.
 """
 
 from __future__ import annotations
@@ -238,43 +237,45 @@ def file_lock(path: Path, what: str):
             time.sleep(1.0)
 
 
+def workspace_lock(plan: Plan):
+    """One reproduce flow per workspace at a time; another one waits here until it ends.
+
+    DVC's repository lock does not serialise two `dvc repro` in one workspace: DVC releases it while a stage's
+    command runs and guards only that stage's paths, so a second flow would fail with "is busy" as soon as it
+    reached a stage the first one is producing, and could rewrite a preset workspace's sources under it."""
+    name = "project" if plan.in_place else plan.preset
+    return file_lock(plan.project / ".electralab" / "locks" / f"{name}.lock",
+                     f"another reproduce flow in {plan.workspace} to end")
+
+
 def prepare_workspace(plan: Plan, env: dict[str, str]) -> None:
     """For a preset other than params.yaml's: bring .electralab/workspaces/<preset>/ up to date with the
-    project's sources, with `preset: <preset>` in its params.yaml and the project's DVC cache."""
+    project's sources, with `preset: <preset>` in its params.yaml and the project's DVC cache.
+    Runs under workspace_lock: no other flow uses the workspace meanwhile."""
     if plan.in_place:
         return
-    logger = get_run_logger()
     ws = plan.workspace
-    creating = file_lock(ws.parent / f".{plan.preset}.create.lock", f"the creation of workspace {ws}")
-    try:
-        if not (ws / ".dvc" / "config").exists():
-            logger.info("creating the workspace of preset %s: %s", plan.preset, ws)
-            ws.mkdir(parents=True, exist_ok=True)
-            cache = subprocess.run([tool("dvc"), "cache", "dir"], cwd=plan.project, env=env, capture_output=True,
-                                   text=True, check=True).stdout.strip()
-            subprocess.run([tool("dvc"), "init", "--no-scm", "-q"], cwd=ws, env=env, check=True)
-            subprocess.run([tool("dvc"), "config", "cache.dir", cache], cwd=ws, env=env, check=True)
-    finally:
-        creating.close()
+    if not (ws / ".dvc" / "config").exists():
+        get_run_logger().info("creating the workspace of preset %s: %s", plan.preset, ws)
+        ws.mkdir(parents=True, exist_ok=True)
+        cache = subprocess.run([tool("dvc"), "cache", "dir"], cwd=plan.project, env=env, capture_output=True,
+                               text=True, check=True).stdout.strip()
+        subprocess.run([tool("dvc"), "init", "--no-scm", "-q"], cwd=ws, env=env, check=True)
+        subprocess.run([tool("dvc"), "config", "cache.dir", cache], cwd=ws, env=env, check=True)
 
     params = (plan.project / "params.yaml").read_text(encoding="utf-8")
     params, n = re.subn(r"^preset:[ \t]*[^\s#]+", f"preset: {plan.preset}", params, count=1, flags=re.M)
     if n != 1:
         raise ConfigError(f"{plan.project / 'params.yaml'}: no top-level `preset:` line to set to {plan.preset!r}")
-    # DVC's repository lock: no stage of another flow runs in this workspace while its sources change.
-    lock = file_lock(ws / ".dvc" / "tmp" / "lock", "the DVC lock of the workspace")
-    try:
-        for name in SOURCES:
-            src, dst = plan.project / name, ws / name
-            if dst.is_dir():
-                shutil.rmtree(dst)
-            if src.is_dir():
-                shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-            elif src.exists():
-                shutil.copy2(src, dst)
-        (ws / "params.yaml").write_text(params, encoding="utf-8")
-    finally:
-        lock.close()
+    for name in SOURCES:
+        src, dst = plan.project / name, ws / name
+        if dst.is_dir():
+            shutil.rmtree(dst)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        elif src.exists():
+            shutil.copy2(src, dst)
+    (ws / "params.yaml").write_text(params, encoding="utf-8")
     assert load_params(ws / "params.yaml").preset == plan.preset
 
 
@@ -351,21 +352,25 @@ def reproduce(preset: str | None = None, tables: list[str] | None = None, runs: 
     logger = get_run_logger()
     plan = make_plan(Path(project) if project else PROJECT, preset, tables, runs)   # before any work
     env = stage_env(plan)
-    prepare_workspace(plan, env)
-    experiment_id = mlflow_experiment(plan, env)
-    targets, skipped = stage_targets(dvc_stage_names(plan, env), plan.runs)
-    if skipped:
-        logger.warning("dvc.yaml has no stage %s: skipped", ", ".join(skipped))
-    logger.info("preset %s, %d runs, in %s: %s", plan.preset, len(plan.runs), plan.workspace, " -> ".join(targets))
-
-    results = []
-    for target in targets:
-        if target == "corpus":
-            results.append(repro_corpus(plan, target))
-        else:
-            # The report depends on every run's metrics: --single-item keeps DVC from training the runs this
-            # flow did not choose; the ones it chose are already up to date.
-            results.append(repro(plan, target, single=target == "report"))
+    lock = workspace_lock(plan)
+    try:
+        prepare_workspace(plan, env)
+        experiment_id = mlflow_experiment(plan, env)
+        targets, skipped = stage_targets(dvc_stage_names(plan, env), plan.runs)
+        if skipped:
+            logger.warning("dvc.yaml has no stage %s: skipped", ", ".join(skipped))
+        logger.info("preset %s, %d runs, in %s: %s", plan.preset, len(plan.runs), plan.workspace,
+                    " -> ".join(targets))
+        results = []
+        for target in targets:
+            if target == "corpus":
+                results.append(repro_corpus(plan, target))
+            else:
+                # The report depends on every run's metrics: --single-item keeps DVC from training the runs this
+                # flow did not choose; the ones it chose are already up to date.
+                results.append(repro(plan, target, single=target == "report"))
+    finally:
+        lock.close()
     publish(plan, results, skipped, experiment_id)
     return results
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,7 +163,8 @@ def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     assert sorted(r.data.tags["run"] for r in runs) == sorted(ABLATION_RUNS)
     assert all(r.info.status == "FINISHED" and ABLATION in r.data.tags["tables"] for r in runs)
 
-    summary = api(prefect_api, "artifacts/latest/filter", {"artifacts": {"key": {"any_": ["reproduce-tiny"]}}})
+    summary = api(prefect_api, "artifacts/filter", {"artifacts": {"key": {"any_": ["reproduce-tiny"]},
+                                                                  "flow_run_id": {"any_": [flow_run["id"]]}}})
     assert len(summary) == 1 and summary[0]["type"] == "markdown"
     markdown = summary[0]["data"]
     assert f"#/experiments/{experiment.experiment_id})" in markdown and "MLflow experiment electralab-tiny" in markdown
@@ -171,6 +173,33 @@ def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     if "report" in stages:   # the report's tables, one artifact each, once the report stage is in dvc.yaml
         keys = {a["key"] for a in api(prefect_api, "artifacts/latest/filter", {})}
         assert "tiny-teams-table4" in keys, keys
+
+
+def test_with_the_report_stage_merged_the_flow_runs_it_alone_and_publishes_its_tables(ablation, prefect_api, tmp_path):
+    """What the lead's merge of report.dvc-stage.yaml gives (fine-tuning still missing: its cells show —)."""
+    source, db, proc = ablation
+    assert proc.returncode == 0
+    project = tmp_path / "project"
+    shutil.copytree(source, project, symlinks=True)
+    shutil.copy(db, tmp_path / "mlflow.db")
+    dvc_yaml = yaml.safe_load((project / "dvc.yaml").read_text())
+    if "report" not in dvc_yaml["stages"]:
+        dvc_yaml["stages"].update(yaml.safe_load((ROOT / "report.dvc-stage.yaml").read_text())["stages"])
+        (project / "dvc.yaml").write_text(yaml.safe_dump(dvc_yaml, sort_keys=False))
+    (project / "metrics" / "finetune").mkdir(exist_ok=True)   # a dependency of the report; empty until fine-tuning
+
+    out = flow(project, flow_env(project, prefect_api, tmp_path / "mlflow.db"), "--runs", "electra")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    output = out.stdout + out.stderr
+    assert "dvc --wait-for-lock repro --single-item report" in output and "Running stage 'report'" in output
+    assert ran(output) == []   # the other runs of the registry were not trained for the report
+    table = api(prefect_api, "artifacts/latest/filter", {"artifacts": {"key": {"any_": ["tiny-teams-table4"]}}})
+    assert len(table) == 1 and table[0]["type"] == "markdown"
+    markdown = table[0]["data"]
+    assert "TEAMS Table 4" in markdown and "| No Tie | `teams_no_tie` |" in markdown
+    assert "[MLflow experiment electralab-tiny](http://127.0.0.1:5000/#/experiments/" in markdown
+    keys = {a["key"] for a in api(prefect_api, "artifacts/latest/filter", {})}
+    assert {"tiny-coco-lm-table1", "tiny-coco-lm-table3", "tiny-amos-table2", "tiny-teams-table1"} <= keys
 
 
 def test_one_table_through_dvc_repro_then_the_flow_agrees_and_prefect_never_caches_a_stage(tmp_path, prefect_api):
@@ -228,7 +257,7 @@ def test_kill_mid_pretraining_then_the_flow_again_resumes_and_redoes_nothing_fin
     assert not state.exists() and (project / "models" / "electra" / "encoder").is_dir()
 
 
-def test_two_flows_at_once_on_another_presets_workspace_take_turns_and_leave_params_alone(tmp_path, prefect_api):
+def test_two_flows_at_once_on_another_presets_workspace_one_waits_and_params_stay_untouched(tmp_path, prefect_api):
     project = make_project(tmp_path / "project", preset="small")
     params = (project / "params.yaml").read_bytes()
     env = flow_env(project, prefect_api, tmp_path / "unused.db")
@@ -237,8 +266,9 @@ def test_two_flows_at_once_on_another_presets_workspace_take_turns_and_leave_par
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=FLOW_TIMEOUT)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
-    # DVC's lock: every stage ran once, in one of the two flows; the other found it done.
+    # The second flow waited for the first to end, then found every stage up to date: each ran once.
     assert sorted(ran(outputs[0]) + ran(outputs[1])) == sorted(["corpus", "vocab", "shards", "pretrain@mlm"])
+    assert sum("waiting for another reproduce flow" in out for out in outputs) == 1
 
     assert (project / "params.yaml").read_bytes() == params                  # the user's file: untouched
     workspace = project / ".electralab" / "workspaces" / "small"
