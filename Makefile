@@ -2,6 +2,7 @@
 #   make repro   set up .venv from the lock file, then `dvc repro` (the active preset; tiny by default)
 #   make test    set up .venv from the lock file, then run the test suite
 # Offline (no Hugging Face hub), point ELECTRALAB_DATA at a local mirror: ELECTRALAB_DATA=../shared/data
+# `make test` also needs Debian's chromium + chromium-driver (the UI tests): installed here when missing, as root.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +10,7 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup repro test bench clean-venv
+.PHONY: setup browser repro test bench clean-venv
 
 setup: $(STAMP)
 
@@ -19,10 +20,22 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
+# Headless Chromium and its WebDriver from Debian (tests/test_ui.py drives them through Selenium).
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian's chromium and chromium-driver (UI tests)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "the UI tests need Debian's chromium and chromium-driver: sudo apt-get install chromium chromium-driver" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
 repro: setup
 	dvc repro
 
-test: setup
+test: setup browser
 	pytest
 
 bench: setup

@@ -1,7 +1,11 @@
-"""Running the project as users do, in a throwaway copy: stage scripts and `dvc repro` in tmp dirs."""
+"""Running the project as users do, in a throwaway copy: stage scripts, `dvc repro` and flows in tmp dirs.
+
+MINI shrinks a preset so that a pretraining run takes seconds (12 x 16 main model, 32-token blocks, 8 steps).
+"""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -25,9 +29,9 @@ def env_for(project: Path, data: Path | str | None) -> dict:
 
 
 def copy_project(dest: Path) -> Path:
-    """What the data stages need from a checkout: dvc.yaml, params.yaml, stages/, src/."""
+    """What the pipeline needs from a checkout: dvc.yaml, params.yaml, stages/, src/, flows/."""
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("stages", "src"):
+    for name in ("stages", "src", "flows"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
     for name in ("dvc.yaml", "params.yaml", ".dvcignore"):
         shutil.copy(ROOT / name, dest / name)
@@ -45,4 +49,28 @@ def set_param(project: Path, dotted: str, value) -> None:
     for key in path:
         node = node[key]
     node[last] = value
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+MINI = {
+    "model": {"hidden": 16, "heads": 1, "ffn": 32, "embedding": 16},
+    "generators": {"electra": {"hidden": 8, "heads": 1, "ffn": 16}, "cocolm": {"layers": 4},
+                   "amos": {"layers": 8}, "teams": {"layers": 6}},
+    "shards": {"seq_len": 32},
+    "vocab": {"size": 1000},
+    "pretrain": {"steps": 8, "batch_size": 4, "micro_batch_size": 4, "warmup_steps": 2, "log_every": 1,
+                 "checkpoint_every": 2, "checkpoint_fractions": [0.5, 1.0]},
+}
+
+
+def shrink(project: Path, preset: str = "tiny", **pretrain) -> None:
+    """`preset` of `project`'s params.yaml shrunk to MINI (plus pretrain overrides). Another preset than tiny
+    becomes a copy of tiny first (its corpus, CPU settings), so it is as cheap and still a preset of its own."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    if preset != "tiny":
+        params["presets"][preset] = copy.deepcopy(params["presets"]["tiny"])
+    target = params["presets"][preset]
+    for section, values in MINI.items():
+        target[section].update(values)
+    target["pretrain"].update(pretrain)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -69,12 +69,12 @@ def test_dvc_repro_tiny(tmp_path):
 
     # Only the stage whose params changed reruns; another preset invalidates all three.
     set_param(project, "presets.tiny.shards.seq_len", 64)
-    status = json.loads(run([str(BIN / "dvc"), "status", "--json"], project, env).stdout)
+    status = json.loads(run([str(BIN / "dvc"), "status", "--json", "--with-deps", "shards"], project, env).stdout)
     assert set(status) == {"shards"}
     proc = run([str(BIN / "dvc"), "repro", "shards"], project, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Running stage 'shards'" in proc.stdout and "Running stage 'corpus'" not in proc.stdout
     assert json.loads((project / "data" / "shards" / "manifest.json").read_text())["seq_len"] == 64
     set_param(project, "preset", "small")
-    status = json.loads(run([str(BIN / "dvc"), "status", "--json"], project, env).stdout)
+    status = json.loads(run([str(BIN / "dvc"), "status", "--json", "--with-deps", "shards"], project, env).stdout)
     assert {"corpus", "vocab", "shards"} <= set(status)

@@ -19,31 +19,10 @@ import torch
 import yaml
 
 from conftest import ROOT, mirror_root
-from project_helpers import BIN, copy_project, env_for, run
+from project_helpers import BIN, copy_project, env_for, run, shrink
 
 from electralab.config import load_params
 from electralab.errors import ConfigError, TrainingDiverged
-
-MINI = {
-    "model": {"hidden": 16, "heads": 1, "ffn": 32, "embedding": 16},
-    "generators": {"electra": {"hidden": 8, "heads": 1, "ffn": 16}, "cocolm": {"layers": 4},
-                   "amos": {"layers": 8}, "teams": {"layers": 6}},
-    "shards": {"seq_len": 32},
-    "vocab": {"size": 1000},
-    "pretrain": {"steps": 8, "batch_size": 4, "micro_batch_size": 4, "warmup_steps": 2, "log_every": 1,
-                 "checkpoint_every": 2, "checkpoint_fractions": [0.5, 1.0]},
-}
-
-
-def shrink(project: Path, **pretrain) -> None:
-    """The tiny preset of `project`'s params.yaml, shrunk to MINI (plus pretrain overrides)."""
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    tiny = params["presets"]["tiny"]
-    for section, values in MINI.items():
-        tiny[section].update(values)
-    tiny["pretrain"].update(pretrain)
-    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-
 
 def mlflow_env(project: Path, db: Path) -> dict:
     env = env_for(project, mirror_root())

@@ -1,0 +1,189 @@
+"""The UIs in a real browser (Debian's headless Chromium through Selenium): the MLflow UI, served by
+`mlflow server` on a database holding a finished tiny ablation (TEAMS Table 4, run by the reproduce flow),
+lists the ablation's runs with their metrics; the Prefect UI lists the scheduled deployments that
+`python flows/deployments.py` created and serves, and a deployment runs from the server.
+Screenshots go to test-artifacts/ (gitignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from ops_helpers import (ABLATION, ABLATION_RUNS, BIN, api, flow_env, free_port, stop, wait_http)
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+SHOTS = ROOT / "test-artifacts"
+# The closed network refuses Chromium's background connections: switch them off.
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1600,1000"]
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        message = "Debian's chromium and chromium-driver are missing: `make test` installs them (as root)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    os.environ.setdefault("SE_OFFLINE", "true")   # Selenium Manager: never download a driver
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    SHOTS.mkdir(exist_ok=True)
+    yield driver
+    driver.quit()
+
+
+def page_text(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def show(driver, url: str, *expected: str, shot: str, timeout: float = 60) -> str:
+    """Open `url`, wait until the page shows every expected text, save a screenshot; the page's text."""
+    driver.get(url)
+    deadline = time.monotonic() + timeout
+    while True:
+        text = page_text(driver)
+        missing = [e for e in expected if e not in text]
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            driver.save_screenshot(str(SHOTS / f"FAILED-{shot}"))
+            raise AssertionError(f"{url} does not show {missing} after {timeout} s; it shows:\n{text[:3000]}")
+        time.sleep(0.5)
+    time.sleep(1.0)   # let the last requests render before the picture
+    driver.save_screenshot(str(SHOTS / shot))
+    return text
+
+
+# ---- MLflow ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mlflow_ui(ablation, tmp_path_factory):
+    project, db, proc = ablation
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    port = free_port()
+    log = tmp_path_factory.mktemp("mlflow-server") / "server.log"
+    with open(log, "w") as out:   # the README's command, on the test's database
+        server = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{db}",
+                                   "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                                  cwd=project, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", server, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(server)
+
+
+def test_mlflow_ui_lists_the_ablation_runs_with_their_metrics(mlflow_ui, browser):
+    experiment = api(mlflow_ui, "api/2.0/mlflow/experiments/get-by-name?experiment_name=electralab-tiny")
+    experiment_id = experiment["experiment"]["experiment_id"]
+    runs = api(mlflow_ui, "api/2.0/mlflow/runs/search",
+               {"experiment_ids": [experiment_id], "filter": f"tags.tables LIKE '%{ABLATION}%'"})["runs"]
+    assert sorted(r["info"]["run_name"] for r in runs) == sorted(ABLATION_RUNS)
+
+    show(browser, f"{mlflow_ui}/#/experiments/{experiment_id}/runs", "electralab-tiny", *ABLATION_RUNS,
+         "4 matching runs", shot="mlflow-ablation-runs.png")
+    ids = json.dumps([r["info"]["run_id"] for r in runs])
+    compare = (f"{mlflow_ui}/#/compare-runs?runs={urllib.parse.quote(ids)}"
+               f"&experiments={urllib.parse.quote(json.dumps([experiment_id]))}")
+    # Every run's final metrics side by side (the RTD accuracy is what TEAMS Table 4's rows differ in).
+    show(browser, compare, "Comparing 4 Runs", "Metrics", *ABLATION_RUNS, shot="mlflow-ablation-compare.png")
+    lines = scrolled_lines(browser, until="final_rtd_acc_replaced", shot="mlflow-ablation-compare-metrics.png")
+    for metric in ("final_loss", "final_rtd_acc_replaced", "final_tokens_per_s", "final_params_main"):
+        assert metric in lines, metric
+    for r in runs:   # each run's value as the page prints it (an integer: no rounding to guess)
+        params = next(m["value"] for m in r["data"]["metrics"] if m["key"] == "final_params_main")
+        assert str(int(params)) in lines, (r["info"]["run_name"], params)
+
+
+def scrolled_lines(driver, until: str, shot: str) -> set[str]:
+    """Every line the compare page's metrics table shows while a mouse wheel scrolls it to the bottom (it
+    renders only the rows in view); a screenshot when the row `until` is in view."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.actions.wheel_input import ScrollOrigin
+    from selenium.webdriver.common.by import By
+
+    grids = [g for g in driver.find_elements(By.CSS_SELECTOR, ".ReactVirtualized__Grid")
+             if g.value_of_css_property("overflow-y") in ("auto", "scroll")]
+    assert grids, "no scrolling table on the compare page"
+    table = grids[-1]   # the last one: Metrics
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", table)
+    lines: set[str] = set()
+    for _ in range(200):
+        text = page_text(driver).splitlines()
+        if until in text and until not in lines:
+            driver.save_screenshot(str(SHOTS / shot))
+        lines |= set(text)
+        top, height, total = driver.execute_script(
+            "return [arguments[0].scrollTop, arguments[0].clientHeight, arguments[0].scrollHeight]", table)
+        if top + height >= total - 1:
+            return lines
+        ActionChains(driver).scroll_from_origin(ScrollOrigin.from_element(table), 0, 150).perform()
+        time.sleep(0.2)
+    raise AssertionError("the metrics table did not reach its end")
+
+
+# ---- Prefect -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served(ablation, prefect_api, tmp_path_factory):
+    """`python flows/deployments.py` (the README's command) serving from the ablation's project."""
+    project, db, _ = ablation
+    env = {**flow_env(project, prefect_api, db), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(BIN / "python"), "flows/deployments.py"], cwd=project, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while len(api(prefect_api, "deployments/filter", {})) < 3:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        yield {d["name"]: d for d in api(prefect_api, "deployments/filter", {})}
+    finally:
+        stop(proc)
+
+
+def test_prefect_ui_lists_the_scheduled_deployments(served, prefect_api, browser):
+    assert served["nightly-tiny"]["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+    assert served["weekly-small"]["schedules"][0]["schedule"]["cron"] == "0 4 * * 6"
+    assert served["weekly-small"]["parameters"] == {"preset": "small"}
+    assert served["tiny-one-table"]["schedules"] == []
+    ui = prefect_api.removesuffix("/api")
+    show(browser, f"{ui}/deployments", "nightly-tiny", "weekly-small", "tiny-one-table", "At 02:00 AM every day",
+         "At 04:00 AM, only on Saturday", "Ready", shot="prefect-deployments.png")
+
+
+def test_a_deployment_runs_from_the_server_and_the_ui_shows_it(served, prefect_api, browser):
+    # What the UI's "Run" button does: a flow run of the deployment, here with its parameters narrowed to one
+    # run of the finished ablation (DVC finds it up to date, so the served flow finishes in seconds).
+    deployment = served["nightly-tiny"]
+    flow_run = api(prefect_api, f"deployments/{deployment['id']}/create_flow_run",
+                   {"parameters": {"preset": "tiny", "runs": ["electra"]}})
+    deadline = time.monotonic() + 300
+    while (state := api(prefect_api, f"flow_runs/{flow_run['id']}")["state_type"]) not in ("COMPLETED", "FAILED",
+                                                                                          "CRASHED", "CANCELLED"):
+        assert time.monotonic() < deadline, state
+        time.sleep(1)
+    assert state == "COMPLETED"
+    ui = prefect_api.removesuffix("/api")
+    show(browser, f"{ui}/flow-runs/flow-run/{flow_run['id']}", "tiny: electra", "Completed", "pretrain@electra",
+         shot="prefect-deployment-run.png")
