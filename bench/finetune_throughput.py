@@ -33,7 +33,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from electralab.config import load_params  # noqa: E402
 from electralab.data.vocab import Tokenizer  # noqa: E402
 from electralab.env import data_root  # noqa: E402
 from electralab.export import load_encoder  # noqa: E402
@@ -84,7 +83,6 @@ def main() -> None:
     encoder = load_encoder(args.model)
     if encoder.cfg.max_positions < 512:
         sys.exit(f"{args.model}: max_positions={encoder.cfg.max_positions} < 512, cannot pad to 512")
-    cfg = load_params(ROOT / "params.yaml").active.finetune
     print(f"{args.model}: {encoder.cfg.layers} layers x {encoder.cfg.hidden}; {args.threads} thread(s); "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
 
