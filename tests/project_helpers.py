@@ -1,6 +1,7 @@
 """Running the project as users do, in a throwaway copy: stage scripts, `dvc repro` and flows in tmp dirs.
 
-MINI shrinks a preset so that a pretraining run takes seconds (12 x 16 main model, 32-token blocks, 8 steps).
+MINI shrinks a preset so that a pretraining run takes seconds (12 x 16 main model, 32-token blocks, 8 steps)
+and its fine-tuning a few seconds more (three tasks, 16 examples, one configuration x two seeds).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def set_param(project: Path, dotted: str, value) -> None:
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+MINI_GRID = {"lr": [1.0e-3], "epochs": [1], "batch_size": [8], "warmup": [0.1]}
 MINI = {
     "model": {"hidden": 16, "heads": 1, "ffn": 32, "embedding": 16},
     "generators": {"electra": {"hidden": 8, "heads": 1, "ffn": 16}, "cocolm": {"layers": 4},
@@ -60,6 +62,14 @@ MINI = {
     "vocab": {"size": 1000},
     "pretrain": {"steps": 8, "batch_size": 4, "micro_batch_size": 4, "warmup_steps": 2, "log_every": 1,
                  "checkpoint_every": 2, "checkpoint_fractions": [0.5, 1.0]},
+    # Three tasks of each kind (classification, regression, SQuAD), one configuration x two seeds, 16 examples:
+    # every table cell those tasks feed gets a median; the other tasks' cells stay missing.
+    "finetune": {"tasks": ["rte", "stsb", "squad2"], "seeds": [1, 2], "efficiency_tasks": ["rte"],
+                 "few_shot_tasks": ["rte"], "few_shot_fractions": [0.5],
+                 "grids": {"glue_small": MINI_GRID, "glue_large": MINI_GRID, "squad2": MINI_GRID},
+                 "max_seq_len": 64, "max_train_examples": 16, "max_eval_examples": 16, "eval_batch_size": 32,
+                 "squad": {"doc_stride": 32, "max_query_len": 16, "max_train_questions": 8, "max_eval_questions": 8},
+                 "resources": {"cpus": 1, "gpus": 0, "max_concurrent": None, "local_cpus": 2}},
 }
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,9 +34,8 @@ def flow(project: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 def ran(output: str) -> list[str]:
-    """The data and pretraining stages DVC actually ran, in order (fine-tuning and the report follow them once
-    dvc.yaml has them; these tests are about the flow, not about those stages)."""
-    return [s for s in re.findall(r"Running stage '([^']+)'", output) if not s.startswith(("finetune@", "report"))]
+    """The stages DVC actually ran, in order."""
+    return re.findall(r"Running stage '([^']+)'", output)
 
 
 def mlflow_runs(db: Path, experiment: str = "electralab-tiny"):
@@ -47,10 +45,6 @@ def mlflow_runs(db: Path, experiment: str = "electralab-tiny"):
     found = client.get_experiment_by_name(experiment)
     assert found is not None, f"no MLflow experiment {experiment} in {db}"
     return client, found, client.search_runs([found.experiment_id], "tags.stage = 'pretrain'")
-
-
-def dvc_stages() -> set[str]:
-    return set(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
 
 
 # ---- the plan: validated before anything runs -----------------------------------------------------------
@@ -142,26 +136,26 @@ def test_a_failing_stage_fails_the_flow_and_nothing_after_it_runs(tmp_path, pref
 def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     project, db, proc = ablation
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    stages = dvc_stages()
-    expected = ["corpus", "vocab", "shards"] + [f"pretrain@{r}" for r in ABLATION_RUNS]
-    assert ran(proc.stdout + proc.stderr) == expected
-    warning = [line for line in (proc.stdout + proc.stderr).splitlines() if "dvc.yaml has no stage" in line]
-    for name in ("finetune@electra", "report"):
-        if name.split("@")[0] not in stages:   # until fine-tuning and the report land: skipped, and said so
-            assert warning and name in warning[0], warning
+    # The whole pipeline for one table: data once, then each run's pretraining and fine-tuning, then the report.
+    expected = ["corpus", "vocab", "shards"] + [f"{s}@{r}" for r in ABLATION_RUNS for s in ("pretrain", "finetune")]
+    assert ran(proc.stdout + proc.stderr) == expected + ["report"]
+    assert "dvc.yaml has no stage" not in proc.stdout + proc.stderr
 
     flow_run = flow_run_named(prefect_api, f"params.yaml: {ABLATION}")
     assert flow_run["state_type"] == "COMPLETED"
     tasks = {t["name"]: t["state_type"] for t in task_runs(prefect_api, flow_run["id"])}
-    assert {"corpus", "shards", *[f"pretrain@{r}" for r in ABLATION_RUNS]} <= set(tasks)
+    assert set(tasks) == {"corpus", "shards", "report", *[t for t in expected if "@" in t]}
     assert set(tasks.values()) == {"COMPLETED"}
 
-    status = run([str(BIN / "dvc"), "status", *[f"pretrain@{r}" for r in ABLATION_RUNS]], project,
+    status = run([str(BIN / "dvc"), "status", *[t for t in expected if "@" in t]], project,
                  flow_env(project, prefect_api, db))
     assert "Data and pipelines are up to date" in status.stdout, status.stdout
     client, experiment, runs = mlflow_runs(db)
     assert sorted(r.data.tags["run"] for r in runs) == sorted(ABLATION_RUNS)
     assert all(r.info.status == "FINISHED" and ABLATION in r.data.tags["tables"] for r in runs)
+    parents = client.search_runs([experiment.experiment_id], "tags.stage = 'finetune'")
+    assert {(r.data.tags["run"], r.data.tags["task"]) for r in parents if r.data.tags.get("checkpoint", "final") == "final"
+            and r.data.tags.get("label_fraction", "1.0") == "1.0"} >= {(r, t) for r in ABLATION_RUNS for t in ("rte", "stsb", "squad2")}
 
     summary = api(prefect_api, "artifacts/filter", {"artifacts": {"key": {"any_": ["reproduce-tiny"]},
                                                                   "flow_run_id": {"any_": [flow_run["id"]]}}})
@@ -169,35 +163,17 @@ def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     markdown = summary[0]["data"]
     assert f"#/experiments/{experiment.experiment_id})" in markdown and "MLflow experiment electralab-tiny" in markdown
     for r in ABLATION_RUNS:
-        assert f"| `pretrain@{r}` | ran |" in markdown
-    if "report" in stages:   # the report's tables, one artifact each, once the report stage is in dvc.yaml
-        keys = {a["key"] for a in api(prefect_api, "artifacts/latest/filter", {})}
-        assert "tiny-teams-table4" in keys, keys
-
-
-def test_with_the_report_stage_merged_the_flow_runs_it_alone_and_publishes_its_tables(ablation, prefect_api, tmp_path):
-    """What the lead's merge of report.dvc-stage.yaml gives (fine-tuning still missing: its cells show —)."""
-    source, db, proc = ablation
-    assert proc.returncode == 0
-    project = tmp_path / "project"
-    shutil.copytree(source, project, symlinks=True)
-    shutil.copy(db, tmp_path / "mlflow.db")
-    dvc_yaml = yaml.safe_load((project / "dvc.yaml").read_text())
-    if "report" not in dvc_yaml["stages"]:
-        dvc_yaml["stages"].update(yaml.safe_load((ROOT / "report.dvc-stage.yaml").read_text())["stages"])
-        (project / "dvc.yaml").write_text(yaml.safe_dump(dvc_yaml, sort_keys=False))
-    (project / "metrics" / "finetune").mkdir(exist_ok=True)   # a dependency of the report; empty until fine-tuning
-
-    out = flow(project, flow_env(project, prefect_api, tmp_path / "mlflow.db"), "--runs", "electra")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    output = out.stdout + out.stderr
-    assert "dvc --wait-for-lock repro --single-item report" in output and "Running stage 'report'" in output
-    assert ran(output) == []   # the other runs of the registry were not trained for the report
-    table = api(prefect_api, "artifacts/latest/filter", {"artifacts": {"key": {"any_": ["tiny-teams-table4"]}}})
-    assert len(table) == 1 and table[0]["type"] == "markdown"
-    markdown = table[0]["data"]
-    assert "TEAMS Table 4" in markdown and "| No Tie | `teams_no_tie` |" in markdown
-    assert "[MLflow experiment electralab-tiny](http://127.0.0.1:5000/#/experiments/" in markdown
+        assert f"| `pretrain@{r}` | ran |" in markdown and f"| `finetune@{r}` | ran |" in markdown
+    table = api(prefect_api, "artifacts/filter", {"artifacts": {"key": {"any_": ["tiny-teams-table4"]},
+                                                                "flow_run_id": {"any_": [flow_run["id"]]}}})
+    assert len(table) == 1, [a["key"] for a in api(prefect_api, "artifacts/latest/filter", {})]
+    # The fine-tuned tasks' cells hold our medians (numbers), the tasks MINI skips stay missing.
+    rows = [line for line in table[0]["data"].splitlines() if "`teams_no_tie`" in line]
+    assert len(rows) == 1 and re.search(r"\| -?\d+\.\d", rows[0]) and "—" in rows[0], rows
+    assert "TEAMS Table 4" in table[0]["data"] and "[MLflow experiment electralab-tiny](" in table[0]["data"]
+    # The report depends on every run's metrics; --single-item kept DVC from training the runs of other tables
+    # (ran() above), and the report still publishes every table, their cells missing.
+    assert "dvc --wait-for-lock repro --single-item report" in proc.stdout + proc.stderr
     keys = {a["key"] for a in api(prefect_api, "artifacts/latest/filter", {})}
     assert {"tiny-coco-lm-table1", "tiny-coco-lm-table3", "tiny-amos-table2", "tiny-teams-table1"} <= keys
 
@@ -207,24 +183,30 @@ def test_one_table_through_dvc_repro_then_the_flow_agrees_and_prefect_never_cach
     env = flow_env(project, prefect_api, tmp_path / "mlflow.db")
     targets = subprocess.run(reproduce_cmd("--tables", "coco-lm/table1", "--targets"), cwd=project, env=env,
                              capture_output=True, text=True, timeout=120)
-    assert targets.stdout.split() == ["corpus", "shards", "pretrain@mlm", "pretrain@electra", "pretrain@cocolm"] + \
-        [f"finetune@{r}" for r in ("mlm", "electra", "cocolm") if "finetune" in dvc_stages()], targets.stderr
+    runs = [f"{s}@{r}" for r in ("mlm", "electra", "cocolm") for s in ("pretrain", "finetune")]
+    assert targets.stdout.split() == ["corpus", "shards", *runs], targets.stderr
     proc = subprocess.run([str(BIN / "dvc"), "repro", *targets.stdout.split()], cwd=project, env=env,
                           capture_output=True, text=True, timeout=FLOW_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert ran(proc.stdout)[:3] == ["corpus", "vocab", "shards"]   # then the runs, in an order DVC picks
-    assert sorted(ran(proc.stdout)[3:]) == ["pretrain@cocolm", "pretrain@electra", "pretrain@mlm"]
+    assert sorted(ran(proc.stdout)[3:]) == sorted(runs)
+    report = subprocess.run([str(BIN / "dvc"), "repro", "--single-item", "report"], cwd=project, env=env,
+                            capture_output=True, text=True, timeout=FLOW_TIMEOUT)   # docs/operations.md's quick look
+    assert report.returncode == 0 and ran(report.stdout) == ["report"], report.stdout[-3000:] + report.stderr[-3000:]
+    table1 = (project / "reports" / "tables" / "coco-lm_table1.md").read_text()
+    rows = [line for line in table1.splitlines() if "| `cocolm` |" in line]
+    assert "tiny preset" in table1 and len(rows) == 1 and re.search(r"\d+\.\d ±", rows[0]), table1
 
-    again = flow(project, env, "--tables", "coco-lm/table1")   # DVC's state says: nothing to do
+    again = flow(project, env, "--tables", "coco-lm/table1")   # DVC's state: nothing to do but the report
     assert again.returncode == 0, again.stderr[-3000:]
-    assert ran(again.stdout + again.stderr) == []
+    assert ran(again.stdout + again.stderr) == ["report"]      # always_changed: it reads MLflow, which DVC cannot hash
 
     # Same flow, same task inputs, one changed run setting: DVC re-runs exactly that stage, and Prefect does not
     # answer from its input cache.
     set_param(project, "runs.cocolm.settings", {"crop_fraction": 0.85})
     changed = flow(project, env, "--tables", "coco-lm/table1")
     assert changed.returncode == 0, changed.stderr[-3000:]
-    assert ran(changed.stdout + changed.stderr) == ["pretrain@cocolm"]
+    assert ran(changed.stdout + changed.stderr) == ["pretrain@cocolm", "finetune@cocolm", "report"]
 
 
 # ---- faults -------------------------------------------------------------------------------------------
@@ -248,7 +230,7 @@ def test_kill_mid_pretraining_then_the_flow_again_resumes_and_redoes_nothing_fin
     again = flow(project, env, "--runs", "electra")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     output = again.stdout + again.stderr
-    assert ran(output) == ["pretrain@electra"], ran(output)          # the data stages are not redone
+    assert ran(output) == ["pretrain@electra", "finetune@electra", "report"], ran(output)   # no data stage redone
     for stage in ("corpus", "vocab", "shards"):
         assert f"Stage '{stage}' didn't change, skipping" in output
     _, _, runs = mlflow_runs(db)
@@ -266,8 +248,10 @@ def test_two_flows_at_once_on_another_presets_workspace_one_waits_and_params_sta
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=FLOW_TIMEOUT)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
-    # The second flow waited for the first to end, then found every stage up to date: each ran once.
-    assert sorted(ran(outputs[0]) + ran(outputs[1])) == sorted(["corpus", "vocab", "shards", "pretrain@mlm"])
+    # The second flow waited for the first to end, then found every stage up to date: each ran once (but the
+    # report, which always runs).
+    assert sorted(ran(outputs[0]) + ran(outputs[1])) == sorted(["corpus", "vocab", "shards", "pretrain@mlm",
+                                                                "finetune@mlm", "report", "report"])
     assert sum("waiting for another reproduce flow" in out for out in outputs) == 1
 
     assert (project / "params.yaml").read_bytes() == params                  # the user's file: untouched

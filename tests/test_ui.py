@@ -56,6 +56,7 @@ def page_text(driver) -> str:
 
 def show(driver, url: str, *expected: str, shot: str, timeout: float = 60) -> str:
     """Open `url`, wait until the page shows every expected text, save a screenshot; the page's text."""
+    driver.get("about:blank")   # a URL differing from the current one only after '#' would not reload the app
     driver.get(url)
     deadline = time.monotonic() + timeout
     while True:
@@ -95,11 +96,12 @@ def test_mlflow_ui_lists_the_ablation_runs_with_their_metrics(mlflow_ui, browser
     experiment = api(mlflow_ui, "api/2.0/mlflow/experiments/get-by-name?experiment_name=electralab-tiny")
     experiment_id = experiment["experiment"]["experiment_id"]
     runs = api(mlflow_ui, "api/2.0/mlflow/runs/search",
-               {"experiment_ids": [experiment_id], "filter": f"tags.tables LIKE '%{ABLATION}%'"})["runs"]
+               {"experiment_ids": [experiment_id],
+                "filter": f"tags.stage = 'pretrain' and tags.tables LIKE '%{ABLATION}%'"})["runs"]
     assert sorted(r["info"]["run_name"] for r in runs) == sorted(ABLATION_RUNS)
 
     show(browser, f"{mlflow_ui}/#/experiments/{experiment_id}/runs", "electralab-tiny", *ABLATION_RUNS,
-         "4 matching runs", shot="mlflow-ablation-runs.png")
+         shot="mlflow-ablation-runs.png")
     ids = json.dumps([r["info"]["run_id"] for r in runs])
     compare = (f"{mlflow_ui}/#/compare-runs?runs={urllib.parse.quote(ids)}"
                f"&experiments={urllib.parse.quote(json.dumps([experiment_id]))}")
@@ -111,6 +113,26 @@ def test_mlflow_ui_lists_the_ablation_runs_with_their_metrics(mlflow_ui, browser
     for r in runs:   # each run's value as the page prints it (an integer: no rounding to guess)
         params = next(m["value"] for m in r["data"]["metrics"] if m["key"] == "final_params_main")
         assert str(int(params)) in lines, (r["info"]["run_name"], params)
+
+
+def test_mlflow_compare_view_shows_the_ablation_table_with_its_medians(mlflow_ui, browser):
+    """docs/tracking.md's filter: the report's rows of one table, our medians and the published values."""
+    experiment = api(mlflow_ui, "api/2.0/mlflow/experiments/get-by-name?experiment_name=electralab-tiny")
+    experiment_id = experiment["experiment"]["experiment_id"]
+    rows = api(mlflow_ui, "api/2.0/mlflow/runs/search", {
+        "experiment_ids": [experiment_id],
+        "filter": f"tags.stage = 'report-row' and tags.report_latest = 'true' and tags.tables = '{ABLATION}'"})["runs"]
+    assert sorted(next(t["value"] for t in r["data"]["tags"] if t["key"] == "run") for r in rows) == \
+        sorted(ABLATION_RUNS)
+    metrics = {m["key"] for r in rows for m in r["data"].get("metrics", [])}
+    medians = sorted(k for k in metrics if "/" not in k)
+    assert medians and {f"published/{k}" for k in medians} & metrics, metrics   # MINI fine-tunes RTE, STS-B, SQuAD
+    ids = json.dumps([r["info"]["run_id"] for r in rows])
+    compare = (f"{mlflow_ui}/#/compare-runs?runs={urllib.parse.quote(ids)}"
+               f"&experiments={urllib.parse.quote(json.dumps([experiment_id]))}")
+    show(browser, compare, "Comparing 4 Runs", "Metrics", f"{ABLATION} | ", shot="mlflow-ablation-table-compare.png")
+    lines = scrolled_lines(browser, until=medians[0], shot="mlflow-ablation-table-compare-metrics.png")
+    assert medians[0] in lines and f"published/{medians[0]}" in lines, sorted(lines)[:50]
 
 
 def scrolled_lines(driver, until: str, shot: str) -> set[str]:
