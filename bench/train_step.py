@@ -129,6 +129,15 @@ def time_steps(impls, batch, autocast, steps: int, device: torch.device) -> dict
     return times
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM). Not getrusage's ru_maxrss: Linux carries that over from the
+    parent through fork and exec, so every probe would report the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # not Linux: no fork inheritance issue
+
+
 def peak_memory(args, which: str) -> float:
     """Peak memory (MB) of `which` in a fresh child process: RSS on CPU, max allocated on GPU."""
     cmd = [sys.executable, __file__, "--memory-probe", which, "--device", args.device, "--config", args.config,
@@ -169,7 +178,7 @@ def main() -> None:
         if device.type == "cuda":
             print(torch.cuda.max_memory_allocated() / 2**20)
         else:
-            print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            print(peak_rss_mb())
         return
 
     impls = [Ours(main_cfg, gen_cfg, args.vocab, device)]
