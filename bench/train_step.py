@@ -69,7 +69,7 @@ class Ours:
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
 
 class HuggingFace:
@@ -108,7 +108,7 @@ class HuggingFace:
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
 
 def sync(device: torch.device) -> None:
