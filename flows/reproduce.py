@@ -44,7 +44,7 @@ from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
 
 from electralab.config import PRESETS, ConfigError, load_params, parse_params
-from electralab.runs import TABLES, producer_of, resolve_all, run_specs, runs_for_tables
+from electralab.runs import TABLES, resolve_all, run_specs, runs_for_tables, with_producers
 
 PROJECT = Path(__file__).resolve().parents[1]
 WORKSPACES = Path(".electralab") / "workspaces"   # under the project; ignored by git and DVC
@@ -96,24 +96,7 @@ def make_plan(project: Path, preset: str | None = None, tables: list[str] | None
         wanted = list(params.runs)
     else:
         wanted = runs_for_tables(params, list(tables or [])) + list(runs or [])
-    return Plan(project, chosen_preset, tuple(with_producers(params, wanted)), chosen_preset == active)
-
-
-def with_producers(params, names: list[str]) -> list[str]:
-    """`names` and the runs whose outputs they read (runs.<run>.reads), dependencies first, no repeats."""
-    specs = run_specs(params)
-    ordered: list[str] = []
-
-    def visit(name: str) -> None:
-        producer = producer_of(specs[name].reads)
-        if producer in specs:
-            visit(producer)
-        if name not in ordered:
-            ordered.append(name)
-
-    for name in names:
-        visit(name)
-    return ordered
+    return Plan(project, chosen_preset, tuple(with_producers(run_specs(params), wanted)), chosen_preset == active)
 
 
 def stage_targets(stage_names: set[str], runs: tuple[str, ...]) -> tuple[list[str], list[str]]:

@@ -131,7 +131,11 @@ def runs_for_tables(params: Params, tables: list[str]) -> list[str]:
     if unknown:
         raise ConfigError(f"table {unknown[0]!r} is not a table; known: {', '.join(TABLES)}")
     specs = run_specs(params)
-    chosen = [name for name, spec in specs.items() if set(spec.tables) & set(tables)]
+    return with_producers(specs, [name for name, spec in specs.items() if set(spec.tables) & set(tables)])
+
+
+def with_producers(specs: dict[str, RunSpec], names: list[str]) -> list[str]:
+    """`names` and the runs whose outputs they read (runs.<run>.reads), producers first, no repeats."""
     ordered: list[str] = []
 
     def visit(name: str) -> None:
@@ -141,10 +145,10 @@ def runs_for_tables(params: Params, tables: list[str]) -> list[str]:
         if name not in ordered:
             ordered.append(name)
 
-    for name in chosen:
+    for name in names:
         visit(name)
     return ordered
 
 
 __all__ = ["TABLES", "RunSpec", "ResolvedRun", "producer_of", "resolve_run", "resolve_all", "run_specs",
-           "runs_for_tables"]
+           "runs_for_tables", "with_producers"]
