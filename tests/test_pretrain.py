@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -302,6 +304,29 @@ def test_two_ray_workers_follow_the_loss_curve_of_one(project, tmp_path, trackin
 
 
 # ---- the registry and the export ---------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_dvc_repro_trains_every_run_of_the_registry(tmp_path):
+    """Every pretrain@<run> stage of the tiny registry (53 runs: every table and figure row) trains through DVC
+    on MINI sizes, producers before the runs that read them, each with finite losses. About 8 minutes."""
+    project = copy_project(tmp_path / "project")
+    shrink(project, steps=4, checkpoint_every=2)
+    env = mlflow_env(project, tmp_path / "mlflow.db")
+    for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"]):
+        assert run(cmd, project, env).returncode == 0
+    proc = subprocess.run([str(BIN / "dvc"), "repro", "--glob", "pretrain@*"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = list(yaml.safe_load((project / "params.yaml").read_text())["runs"])
+    assert len(runs) >= 50
+    ran = re.findall(r"Running stage 'pretrain@([^']+)'", proc.stdout)
+    assert sorted(ran) == sorted(runs)
+    assert ran.index("cocolm") < ran.index("cocolm_converged_aux") and ran.index("amos") < ran.index("amos_final_mix")
+    for name in runs:
+        metrics = json.loads((project / "metrics" / "pretrain" / f"{name}.json").read_text())
+        assert math.isfinite(metrics["loss"]) and metrics["steps"] == 4, (name, metrics)
+        assert (project / "models" / name / "encoder" / "weights.pt").is_file(), name
+
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "base", "base_pp", "large_pp"])
 def test_every_run_of_the_registry_resolves_and_builds(preset):
