@@ -4,6 +4,7 @@ one process, identical configuration.
     python bench/train_step.py                       # CPU, ELECTRA-Small, seq 128, batch 32, fp32
     python bench/train_step.py --device cuda --bf16  # GPU: the same comparison under bf16 autocast
     python bench/train_step.py --device cuda --bf16 --config base --seq-len 512 --batch-size 32 --ours-only
+    python bench/train_step.py --profile             # where our step's time goes (torch.profiler, by operator)
 
 Peer: ElectraForMaskedLM (generator) + ElectraForPreTraining (discriminator) with tied embeddings,
 the same sampling and a 50x RTD weight; both use AdamW. Reported: tokens/s, step time, executed
@@ -159,6 +160,7 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA only)")
     ap.add_argument("--ours-only", action="store_true")
     ap.add_argument("--compile", action="store_true", help="torch.compile our objective")
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler's operator table of our step")
     ap.add_argument("--memory-probe", choices=["electralab", "transformers"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -179,6 +181,19 @@ def main() -> None:
             print(torch.cuda.max_memory_allocated() / 2**20)
         else:
             print(peak_rss_mb())
+        return
+
+    if args.profile:   # where our step's time goes, operator by operator (2 steps after a warm-up)
+        from torch.profiler import ProfilerActivity, profile
+
+        ours = Ours(main_cfg, gen_cfg, args.vocab, device)
+        ours.step(batch, autocast)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(2):
+                ours.step(batch, autocast)
+        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=sort, row_limit=20))
         return
 
     impls = [Ours(main_cfg, gen_cfg, args.vocab, device)]
