@@ -185,6 +185,19 @@ class GeneratorSizes:
 # --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class GuardConfig:
+    """The collapse guard (src/electralab/train/diagnostics.py, docs/training.md): held-out diagnostics
+    every `every` steps and at the end; from `after` of training (never during the warm-up) a collapsed
+    run stops with RepresentationCollapsed."""
+    enabled: bool = True
+    every: int = bounded(1000, lo=1)
+    batches: int = bounded(4, lo=1)                     # held-out micro-batches per check
+    after: float = bounded(0.25, lo=0.0, hi=1.0)        # fraction of the steps before it judges
+    max_token_cosine: float = bounded(0.99, lo=0.0, hi=1.0)
+    min_base_rate_gain: float = bounded(0.02, lo=0.0, hi=1.0)
+
+
+@dataclass(frozen=True)
 class PretrainConfig:
     steps: int = bounded(125_000, lo=1)
     batch_size: int = bounded(2048, lo=1)            # sequences per optimizer step (all ranks)
@@ -195,14 +208,21 @@ class PretrainConfig:
     adam_eps: float = bounded(1e-6, lo=0.0, hi=1.0)
     weight_decay: float = bounded(0.01, lo=0.0, hi=1.0)
     clip_norm: float = bounded(2.0, lo=0.0)
+    # Dropout (hidden and attention) while pretraining; None: the model's own. 0 is cramming's
+    # small-budget practice (Geiping & Goldstein 2023, Sec. 4.3). Fine-tuning always uses the model's.
+    dropout: float | None = bounded(None, lo=0.0, hi=1.0)
     seed: int = 1
     num_workers: int = bounded(1, lo=1, hi=4096)     # data-parallel ranks; > 1 runs under Ray Train
     use_gpu: bool = False
+    # bf16 autocast where the hardware computes bf16 natively (CUDA; CPUs with AVX512-BF16/AMX), else
+    # fp32; "fp32" / "bf16" force one. Detected once at the start and logged (docs/performance.md).
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     log_every: int = bounded(10, lo=1)
     checkpoint_every: int = bounded(1000, lo=1)
     # Checkpoints kept at these fractions of training, with wall-clock and device hours
     # (COCO-LM Fig. 3 and AMOS Fig. 4 plot accuracy against pretraining hours).
     checkpoint_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+    guard: GuardConfig = field(default_factory=GuardConfig)
 
 
 FINETUNE_TASKS = ("mnli", "qqp", "qnli", "sst2", "cola", "rte", "mrpc", "stsb", "squad2")
@@ -275,6 +295,7 @@ class FinetuneConfig:
     max_train_examples: int | None = bounded(None, lo=1)
     max_eval_examples: int | None = bounded(None, lo=1)
     eval_batch_size: int = bounded(128, lo=1)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"   # as pretrain.precision
     # Evaluate after every epoch (a child run's curve), or after the last one only (the result either way).
     eval_every_epoch: bool = True
     # Optimiser (COCO-LM Table 7): Adam (0.9, 0.98), eps 1e-6, weight decay 0.01, no clipping.

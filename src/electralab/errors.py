@@ -9,8 +9,17 @@ class DataError(ValueError):
     """Bad input data (missing, empty, unreadable, corrupt): the message names the file and what is wrong."""
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingFailed(RuntimeError):
+    """Pretraining stopped because the run is broken (diverged or collapsed), not because of bad input."""
+
+
+class TrainingDiverged(TrainingFailed):
     """The loss (or gradient norm) stopped being finite; the message names the run, step and checkpoint."""
+
+
+class RepresentationCollapsed(TrainingFailed):
+    """The collapse guard found a run that stopped learning (held-out diagnostics, docs/training.md); the
+    message names the run, the step and what collapsed."""
 
 
 class TrialsFailed(RuntimeError):
@@ -18,4 +27,4 @@ class TrialsFailed(RuntimeError):
     finished ones are kept (a re-run resumes from there)."""
 
 
-EXPECTED_ERRORS = (ConfigError, DataError, TrainingDiverged, TrialsFailed)
+EXPECTED_ERRORS = (ConfigError, DataError, TrainingFailed, TrialsFailed)

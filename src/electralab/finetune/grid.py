@@ -93,6 +93,7 @@ class TrialSpec:
 class Selection:
     best: HParams
     stats: dict[str, float]      # median_/std_/min_/max_<metric> over the best configuration's seeds
+    by_seed: dict[int, dict[str, float]]   # the best configuration's metrics per seed (the claim tests)
     medians: pd.DataFrame        # one row per configuration: its values, seeds, median of every metric
 
 
@@ -104,27 +105,27 @@ def select(finals: dict[TrialSpec, dict[str, float]], configs: list[HParams], ma
     """`finals`: each finished trial's metrics at its last evaluation. The best configuration has the
     highest median of `main_metric` (ties: the earlier in `configs`). The spread is the population
     standard deviation (ddof=0), min and max over that configuration's seeds."""
-    by_config: dict[HParams, list[dict[str, float]]] = {}
+    by_config: dict[HParams, dict[int, dict[str, float]]] = {}
     for spec, metrics in finals.items():
-        by_config.setdefault(spec.hparams, []).append(metrics)
+        by_config.setdefault(spec.hparams, {})[spec.seed] = metrics
     names = sorted({m for metrics in finals.values() for m in metrics})
     if main_metric not in names:
         raise ValueError(f"select: no trial reported {main_metric!r} (reported: {', '.join(names) or 'nothing'})")
     rows = []
     for hp in configs:
         if hp in by_config:
-            values = {m: [r.get(m, np.nan) for r in by_config[hp]] for m in names}
+            values = {m: [r.get(m, np.nan) for r in by_config[hp].values()] for m in names}
             rows.append({"config": hp.name, **asdict(hp), "seeds": len(by_config[hp]),
                          **{m: float(np.median(v)) for m, v in values.items()}})
     best_row = max(range(len(rows)), key=lambda i: (_score(rows[i][main_metric]), -i))
     best = HParams(**{k: rows[best_row][k] for k in ("lr", "epochs", "batch_size", "warmup")})
     stats = {}
     for metric in names:
-        values = np.array([r.get(metric, np.nan) for r in by_config[best]], dtype=np.float64)
+        values = np.array([r.get(metric, np.nan) for r in by_config[best].values()], dtype=np.float64)
         stats |= {f"median_{metric}": float(np.median(values)), f"std_{metric}": float(np.std(values)),
                   f"min_{metric}": float(np.min(values)), f"max_{metric}": float(np.max(values))}
     table = pd.DataFrame(rows)
-    return Selection(best, stats, table)
+    return Selection(best, stats, dict(sorted(by_config[best].items())), table)
 
 
 # --------------------------------------------------------------------------------------------

@@ -92,7 +92,8 @@ class FinetuneTracker:
         from mlflow.entities import Metric, Param
 
         now = int(time.time() * 1000)
-        values = {**selection.stats, **metrics}
+        by_seed = {f"seed{seed}_{m}": v for seed, values in selection.by_seed.items() for m, v in values.items()}
+        values = {**selection.stats, **by_seed, **metrics}
         flat = {**{f"selected.{k}": v for k, v in asdict(selection.best).items()}, "selected.config": selection.best.name,
                 **tracking.flat_params(params)}
         self.client.log_batch(parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items() if _finite(v)],

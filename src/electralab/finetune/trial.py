@@ -30,7 +30,7 @@ from electralab.finetune.metrics import glue_metrics, squad_metrics
 from electralab.finetune.model import FinetuneModel
 from electralab.finetune.squad import SquadWindows, decode
 from electralab.model.encoder import Encoder
-from electralab.train.common import autocast, linear_schedule, make_adamw
+from electralab.train.common import autocast, linear_schedule, make_adamw, resolve_precision
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,12 @@ class TrialSettings:
     eval_every_epoch: bool
     group_by_length: bool
     squad: SquadSettings
+    precision: str = "auto"     # resolved on the trial's own device (a Ray worker may have a GPU)
 
     @classmethod
     def of(cls, cfg: FinetuneConfig) -> "TrialSettings":
         return cls(cfg.adam_betas, cfg.adam_eps, cfg.weight_decay, cfg.clip_norm, cfg.eval_batch_size,
-                   cfg.eval_every_epoch, cfg.group_by_length, cfg.squad)
+                   cfg.eval_every_epoch, cfg.group_by_length, cfg.squad, cfg.precision)
 
 
 def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings: TrialSettings,
@@ -58,6 +59,7 @@ def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings
     torch.manual_seed(seed)                       # the head's initialisation and dropout
     rng = np.random.default_rng(seed)             # the order of the training batches
     model = FinetuneModel(encoder, data.task).to(device)
+    precision = resolve_precision(settings.precision, device)
     optimizer = make_adamw(model, lr=hp.lr, betas=settings.adam_betas, eps=settings.adam_eps,
                            weight_decay=settings.weight_decay)
     steps_per_epoch = math.ceil(len(data.train) / hp.batch_size)
@@ -70,7 +72,7 @@ def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings
         losses = []
         for index in train_batches(data.train.lengths, hp.batch_size, rng, settings.group_by_length):
             input_ids, attention_mask, labels = (t.to(device) for t in data.train.batch(index))
-            with autocast(device):
+            with autocast(device, precision):
                 loss = model.loss(model(input_ids, attention_mask), labels)
             loss.backward()
             if settings.clip_norm > 0:
@@ -80,7 +82,7 @@ def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
         # A diverged configuration is a result too (its dev metrics show it): the grid goes on.
-        evaluated = evaluate(model, data, settings, device) if settings.eval_every_epoch or epoch == hp.epochs else {}
+        evaluated = evaluate(model, data, settings, device, precision) if settings.eval_every_epoch or epoch == hp.epochs else {}
         history.append({"epoch": epoch, "train_loss": float(torch.stack(losses).mean()), **evaluated,
                         "seconds": time.perf_counter() - started})
         if report is not None:
@@ -89,29 +91,31 @@ def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings
 
 
 @torch.no_grad()
-def predict(model: FinetuneModel, encoded: Encoded, batch_size: int, device: torch.device) -> list[np.ndarray]:
+def predict(model: FinetuneModel, encoded: Encoded, batch_size: int, device: torch.device,
+            precision: str = "fp32") -> list[np.ndarray]:
     """The model's outputs for every row of `encoded`, in row order (batches sorted by length)."""
     model.eval()
     out: list[np.ndarray] = [None] * len(encoded)   # type: ignore[list-item]
     for index in eval_batches(encoded.lengths, batch_size):
         input_ids, attention_mask, _ = encoded.batch(index)
-        with autocast(device):
+        with autocast(device, precision):
             logits = model(input_ids.to(device), attention_mask.to(device)).float().cpu().numpy()
         for row, i in enumerate(index):
             out[i] = logits[row, : encoded.lengths[i]] if model.kind == "span" else logits[row]
     return out
 
 
-def evaluate(model: FinetuneModel, data: TaskData, settings: TrialSettings, device: torch.device) -> dict[str, float]:
+def evaluate(model: FinetuneModel, data: TaskData, settings: TrialSettings, device: torch.device,
+             precision: str = "fp32") -> dict[str, float]:
     """The task's metrics on every evaluation split (MNLI: matched, then mismatched as *_mm)."""
     metrics: dict[str, float] = {}
     for split, evaluation in data.evals:
         if isinstance(evaluation, SquadWindows):
-            logits = predict(model, evaluation.encoded, settings.eval_batch_size, device)
+            logits = predict(model, evaluation.encoded, settings.eval_batch_size, device, precision)
             answers = decode(evaluation, [x[:, 0] for x in logits], [x[:, 1] for x in logits], settings.squad)
             metrics.update(squad_metrics(dict(zip(evaluation.qids, evaluation.answers)), answers))
         else:
-            outputs = np.stack(predict(model, evaluation, settings.eval_batch_size, device))
+            outputs = np.stack(predict(model, evaluation, settings.eval_batch_size, device, precision))
             predictions = outputs if data.task.kind == "regression" else outputs.argmax(axis=-1)
             metrics.update(glue_metrics(data.task.name, predictions, evaluation.labels, split.suffix))
     return metrics

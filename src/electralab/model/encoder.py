@@ -206,6 +206,17 @@ class Encoder(nn.Module):
         return layer(x, self.attention_bias(attention_mask, x.shape[1], x.device))
 
 
+def set_dropout(module: nn.Module, p: float) -> None:
+    """Every dropout of `module` that is on (hidden and attention probabilities) to p, in place: the
+    pretraining override (pretrain.dropout). One a method turned off stays off (AMOS's generator).
+    Configs are untouched, so an exported encoder keeps its own dropout for fine-tuning."""
+    for m in module.modules():
+        if isinstance(m, nn.Dropout) and m.p > 0:
+            m.p = p
+        elif isinstance(m, SelfAttention) and m.dropout_p > 0:
+            m.dropout_p = p
+
+
 def make_token_embedding(vocab_size: int, dim: int, std: float = 0.02) -> nn.Embedding:
     tokens = nn.Embedding(vocab_size, dim)
     nn.init.normal_(tokens.weight, std=std)

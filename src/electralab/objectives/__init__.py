@@ -14,11 +14,12 @@ from electralab.objectives.cocolm import CocoLM
 from electralab.objectives.common import Objective, Output
 from electralab.objectives.electra import Electra
 from electralab.objectives.mlm import MLM
+from electralab.objectives.none import NoPretraining
 from electralab.objectives.teams import Teams
 from electralab.config import ConfigError
 
 METHODS: dict[str, type[Objective]] = {"mlm": MLM, "electra": Electra, "cocolm": CocoLM, "amos": Amos,
-                                       "teams": Teams}
+                                       "teams": Teams, "none": NoPretraining}
 
 
 def method_settings(method: str, values: dict[str, Any] | None, where: str = "methods") -> Any:

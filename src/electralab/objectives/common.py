@@ -26,6 +26,7 @@ class Objective(nn.Module):
     """A pretraining method: forward(batch, progress) -> Output; main_encoder() is what we export."""
 
     Settings: type
+    trains = True   # False: the no-pretraining control (objectives/none.py), exported as initialised
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -9,6 +9,7 @@ writes, atomically (a failed build leaves the previous directory untouched):
     reports/report.md                  every table, Markdown, figures linked
     reports/tables/<paper>_<table>.md  one table, Markdown
     reports/tables/<paper>_<table>.csv one line per (row, column): ours, std, min, max, published, diff
+    reports/claims.csv                 every comparison a table makes: ours, spread, p, paper, verdict
     reports/figures/<paper>_<fig>.png  the figures
     reports/plots/<paper>_<fig>.csv    the figures' series, for `dvc plots show`
 
@@ -32,7 +33,8 @@ from electralab.io import atomic_dir
 from electralab.report import figures as F
 from electralab.report.build import (BuiltTable, Results, build_tables, cell_lookup, check_preset, check_specs,
                                      fetch_results, glue_average, metric_history)
-from electralab.report.render import page_html, table_html, to_csv, to_markdown
+from electralab.report.claims import check_claims
+from electralab.report.render import claims_html, claims_markdown, page_html, table_html, to_csv, to_markdown
 from electralab.report.specs import SQUAD2, TABLES
 
 
@@ -127,9 +129,10 @@ def make_figures(results: Results, sources: Sources):
 
 # --- the report --------------------------------------------------------------------------------------
 
-def summary_metrics(results: Results, tables: dict[str, BuiltTable]) -> dict:
+def summary_metrics(results: Results, tables: dict[str, BuiltTable], claims: pd.DataFrame | None = None) -> dict:
     """DVC metrics (metrics/report.json): per run our GLUE average, MNLI-m and SQuAD 2.0 F1 medians,
-    and per table how many of our cells are filled. Absent values are left out (JSON has no NaN)."""
+    per table how many of our cells are filled and how many claims hold, are reversed or within noise.
+    Absent values are left out (JSON has no NaN)."""
     lookup = cell_lookup(results.final_cells())
     runs = sorted({run for run, _, _ in lookup})
     per_run = {"glue_avg": {r: glue_average(lookup, r) for r in runs},
@@ -140,6 +143,9 @@ def summary_metrics(results: Results, tables: dict[str, BuiltTable]) -> dict:
     for key, t in tables.items():
         ours = t.frame[t.frame["run"] != ""]
         out["cells"][key] = {"filled": int(ours["ours"].notna().sum()), "total": int(len(ours))}
+    if claims is not None and not claims.empty:
+        out["claims"] = {key: {str(v): int(n) for v, n in group["verdict"].value_counts().items()}
+                         for key, group in claims.groupby("table", sort=False)}
     return out
 
 
@@ -155,6 +161,7 @@ def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = No
     sources = sources or Sources()
     results = fetch_results(preset, tracking_uri)
     tables = build_tables(results)
+    claims = {key: check_claims(table.spec, results) for key, table in tables.items()}
     out_dir = Path(out_dir)
     figure_paths: dict[str, Path] = {}
     with atomic_dir(out_dir) as tmp:
@@ -162,10 +169,12 @@ def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = No
             (tmp / sub).mkdir()
         markdown = []
         for key, table in tables.items():
-            md = to_markdown(table, sources.note)
+            md = to_markdown(table, sources.note) + "\n" + claims_markdown(claims[key])
             (tmp / "tables" / f"{stem(key)}.md").write_text(md, encoding="utf-8")
             to_csv(table, tmp / "tables" / f"{stem(key)}.csv")
             markdown.append(md)
+        all_claims = pd.concat(list(claims.values()), ignore_index=True)
+        all_claims.to_csv(tmp / "claims.csv", index=False, float_format="%.6g")
         for key, (figure, series) in make_figures(results, sources).items():
             F.save(figure, tmp / "figures" / f"{stem(key)}.png")
             if series is not None:
@@ -180,10 +189,10 @@ def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = No
         (tmp / "report.md").write_text(f"# {title}\n\n" + "\n\n".join(intro) + "\n\n" + "\n".join(markdown)
                                        + f"\n## Figures\n\n{links}\n", encoding="utf-8")
         pngs = {key: tmp / "figures" / f"{stem(key)}.png" for key in figure_paths}
-        tables_html = [table_html(t, sources.note) for t in tables.values()]
+        tables_html = [table_html(t, sources.note) + claims_html(claims[k]) for k, t in tables.items()]
         (tmp / "index.html").write_text(page_html(title, intro, tables_html, pngs), encoding="utf-8")
-    return {"preset": preset, "tables": tables, "figures": figure_paths, "metrics": summary_metrics(results, tables),
-            "results": results}
+    return {"preset": preset, "tables": tables, "claims": all_claims, "figures": figure_paths,
+            "metrics": summary_metrics(results, tables, all_claims), "results": results}
 
 
 __all__ = ["Sources", "build_report", "make_figures", "stem", "summary_metrics", "TABLES"]

@@ -14,6 +14,7 @@ Conventions (docs/reproducing.md):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,7 +94,7 @@ def _tag(runs: pd.DataFrame, name: str, default: str) -> pd.Series:
 
 def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
     """Fine-tuning parents (one per run, task, checkpoint, label fraction) -> one line per metric."""
-    columns = ["run", "task", "checkpoint", "label_fraction", "metric", *STATS, "run_id"]
+    columns = ["run", "task", "checkpoint", "label_fraction", "metric", *STATS, "seeds", "run_id"]
     if parents.empty:
         return pd.DataFrame(columns=columns)
     parents = parents.assign(run=_tag(parents, "run", ""), task=_tag(parents, "task", ""),
@@ -101,14 +102,18 @@ def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
                              label_fraction=pd.to_numeric(_tag(parents, "label_fraction", "1.0")))
     parents = _latest_finished(parents, ["run", "task", "checkpoint", "label_fraction"])
     metrics = sorted(c.removeprefix("metrics.median_") for c in parents if c.startswith("metrics.median_"))
+    by_seed = [(c, *re.fullmatch(r"metrics\.seed(\d+)_(.+)", c).groups()) for c in parents
+               if re.fullmatch(r"metrics\.seed(\d+)_(.+)", c)]
     lines = []
     for _, p in parents.iterrows():
         for m in metrics:
             if pd.isna(p[f"metrics.median_{m}"]):
                 continue
             stats = {s: p.get(f"metrics.{s}_{m}", np.nan) for s in STATS}
+            seeds = {int(seed): float(p[c]) for c, seed, metric in by_seed if metric == m and not pd.isna(p[c])}
             lines.append({"run": p["run"], "task": p["task"], "checkpoint": p["checkpoint"],
-                          "label_fraction": p["label_fraction"], "metric": m, **stats, "run_id": p["run_id"]})
+                          "label_fraction": p["label_fraction"], "metric": m, **stats, "seeds": seeds,
+                          "run_id": p["run_id"]})
     return pd.DataFrame(lines, columns=columns).astype({s: float for s in STATS})
 
 

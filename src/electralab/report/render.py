@@ -130,4 +130,49 @@ def page_html(title: str, intro: list[str], tables: list[str], figures: dict[str
     return "\n".join(parts) + "\n"
 
 
-__all__ = ["LEGEND", "cell_text", "number", "page_html", "table_html", "to_csv", "to_markdown"]
+# --- the claims checked (report/claims.py) --------------------------------------------------------------
+
+CLAIMS_LEGEND = ("Claims: ours = difference of the two rows' median per-seed scores (mean over the tasks listed) "
+                 "± the pooled seed std; paper = the same difference in the paper; verdict by Welch's two-sided "
+                 "t-test on the per-seed scores, alpha 0.05 (holds / reversed: significant with the paper's sign "
+                 "or against it; within noise: not significant). Against the control the premise is that "
+                 "pretraining helps.")
+
+
+def _claim_cells(line: pd.Series) -> list[str]:
+    ours = number(line["ours"], 2, sign=True)
+    if not math.isnan(line["spread"]):
+        ours += f" ±{number(line['spread'], 2)}"
+    return [line["claim"], ours, number(line["published"], 2, sign=True), number(line["p_value"], 3),
+            str(line["verdict"]), f"{line['tasks']} ({line['seeds']} seeds)" if line["tasks"] else "—"]
+
+
+CLAIM_HEAD = ["Claim", "Ours", "Paper", "p", "Verdict", "Tasks"]
+
+
+def claims_markdown(claims: pd.DataFrame) -> str:
+    if claims.empty:
+        return ""
+    out = [CLAIMS_LEGEND, "", "| " + " | ".join(CLAIM_HEAD) + " |", "|" + "---|" * len(CLAIM_HEAD)]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in _claim_cells(line)) + " |" for _, line in claims.iterrows()]
+    return "\n".join(out) + "\n"
+
+
+def claims_html(claims: pd.DataFrame) -> str:
+    if claims.empty:
+        return ""
+    e = html.escape
+    css = {"holds": "pos", "reversed": "neg"}
+    out = [f'<p class="note">{e(CLAIMS_LEGEND)}</p>',
+           "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in CLAIM_HEAD) + "</tr>"]
+    for _, line in claims.iterrows():
+        cells = _claim_cells(line)
+        verdict = f'<td class="{css.get(line["verdict"], "")}">{e(cells[4])}</td>'
+        out.append(f'<tr><td class="name">{e(cells[0])}</td>' + "".join(f"<td>{e(c)}</td>" for c in cells[1:4])
+                   + verdict + f'<td class="name">{e(cells[5])}</td></tr>')
+    out.append("</table>")
+    return "\n".join(out)
+
+
+__all__ = ["CLAIMS_LEGEND", "LEGEND", "cell_text", "claims_html", "claims_markdown", "number", "page_html",
+           "table_html", "to_csv", "to_markdown"]

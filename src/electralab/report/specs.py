@@ -14,6 +14,7 @@ with metric "glue_avg" is the GLUE average (COCO-LM Table 1 caption), computed f
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -48,6 +49,10 @@ class TableSpec:
     rows: Mapping[str, tuple[Row, ...]]      # published setting -> rows in the paper's order
     setting_for: Mapping[str, str]           # preset -> the published setting we compare with
     differences_from: str | None = None      # a row name: other rows shown as differences from it (AMOS Table 2)
+    # The claims checked (report/claims.py): the paper's method (a run) against every other row we
+    # train, these extra (better, worse) run pairs, and every pretrained row against the control.
+    subject: str = ""
+    claims: tuple[tuple[str, str], ...] = ()
 
     @property
     def paper(self) -> str:
@@ -98,6 +103,11 @@ SQUAD1 = (Column("SQuAD 1.1 EM", "squad1", "exact"), Column("SQuAD 1.1 F1", "squ
 TEAMS_COLUMNS = (Column("GLUE", None, GLUE_AVG), *SQUAD1, *SQUAD2)
 
 
+# The no-pretraining control (params.yaml runs.control, objectives/none.py): the last row of every table.
+CONTROL_RUN = "control"
+CONTROL_ROW = Row(None, CONTROL_RUN, "No pretraining (control)")
+
+
 def ref(name: str) -> Row:
     return Row(name, None)
 
@@ -111,6 +121,8 @@ def ours(run: str, label: str) -> Row:
 
 COCO_LM_TABLE1 = TableSpec(
     key="coco-lm/table1",
+    subject="cocolm",
+    claims=(("electra", "mlm"),),
     caption="Results on GLUE and SQuAD 2.0 development set",
     columns=(*GLUE_TASKS, AVG, *SQUAD2),
     setting_for={**_all("base"), "base_pp": "base++", "large_pp": "large++"},
@@ -128,6 +140,7 @@ COCO_LM_TABLE1 = TableSpec(
 
 COCO_LM_TABLE3 = TableSpec(
     key="coco-lm/table3",
+    subject="cocolm",
     caption="Ablations on GLUE Dev. that eliminate (w/o.), keep (Only) or switch (w.) one component",
     columns=(*GLUE_TASKS, AVG),
     setting_for=_all("base"),
@@ -148,6 +161,8 @@ COCO_LM_TABLE3 = TableSpec(
 
 AMOS_TABLE1 = TableSpec(
     key="amos/table1",
+    subject="amos",
+    claims=(("cocolm", "electra"), ("electra", "mlm")),
     caption="Results on GLUE and SQuAD 2.0 development set",
     columns=(*GLUE_TASKS, AVG, *SQUAD2),
     # AMOS has no large setting: large_pp is compared with base++ (same data and steps).
@@ -184,6 +199,7 @@ _TABLE8_ONLY = {"w. final mix weights", "w. three 4-layer gen."}
 
 AMOS_TABLE2 = TableSpec(
     key="amos/table2",
+    subject="amos",
     caption="Ablations on MNLI/SQuAD 2.0 dev sets; differences (in absolute points) from AMOS Base",
     columns=(MNLI_M, MNLI_MM, *SQUAD2),
     setting_for=_all("base"),
@@ -193,6 +209,7 @@ AMOS_TABLE2 = TableSpec(
 
 AMOS_TABLE8 = TableSpec(
     key="amos/table8",
+    subject="amos",
     caption="Ablations on the development sets of all GLUE tasks and SQuAD 2.0 (median and std of five seeds)",
     columns=(*GLUE_TASKS, *SQUAD2),
     setting_for=_all("base"),
@@ -201,6 +218,7 @@ AMOS_TABLE8 = TableSpec(
 
 AMOS_TABLE9 = TableSpec(
     key="amos/table9",
+    subject="amos",
     caption="Different numbers of MLM heads in the generator (median and std of five seeds)",
     columns=(*GLUE_TASKS, *SQUAD2),
     setting_for=_all("base"),
@@ -218,6 +236,8 @@ def _teams_table1_rows(size: str, public_checkpoint: bool) -> tuple[Row, ...]:
 
 TEAMS_TABLE1 = TableSpec(
     key="teams/table1",
+    subject="teams",
+    claims=(("electra", "mlm"),),
     caption="TEAMS and baselines on GLUE and SQuAD (medians of 15 fine-tuning runs in the paper)",
     columns=TEAMS_COLUMNS,
     # The small preset is TEAMS-Small's main model (12 x 256); tiny is compared with it too.
@@ -229,6 +249,8 @@ TEAMS_TABLE1 = TableSpec(
 
 TEAMS_TABLE2 = TableSpec(
     key="teams/table2",
+    subject="teams",
+    claims=(("electra", "mlm"),),
     caption="Effectiveness of multi-task pre-training (small++ models in the paper)",
     columns=TEAMS_COLUMNS,
     setting_for=_all("small++"),
@@ -238,6 +260,7 @@ TEAMS_TABLE2 = TableSpec(
 
 TEAMS_TABLE3 = TableSpec(
     key="teams/table3",
+    subject="teams",
     caption="Task-specific layers and exported representations (small++ models in the paper)",
     columns=TEAMS_COLUMNS,
     setting_for=_all("small++"),
@@ -248,6 +271,7 @@ TEAMS_TABLE3 = TableSpec(
 
 TEAMS_TABLE4 = TableSpec(
     key="teams/table4",
+    subject="teams",
     caption="Sharing generator and discriminator bottom layers (small++ and base++ models in the paper)",
     columns=TEAMS_COLUMNS,
     setting_for={"tiny": "small++", "small": "small++", "base": "base++", "base_pp": "base++", "large_pp": "base++"},
@@ -257,10 +281,14 @@ TEAMS_TABLE4 = TableSpec(
                      ours("teams_full_tie", "Full Tie"), Row("No Tie", "teams_no_tie"))},
 )
 
-TABLES: dict[str, TableSpec] = {spec.key: spec for spec in (
+def with_control(spec: TableSpec) -> TableSpec:
+    return dataclasses.replace(spec, rows={setting: (*rows, CONTROL_ROW) for setting, rows in spec.rows.items()})
+
+
+TABLES: dict[str, TableSpec] = {spec.key: with_control(spec) for spec in (
     COCO_LM_TABLE1, COCO_LM_TABLE3, AMOS_TABLE1, AMOS_TABLE2, AMOS_TABLE8, AMOS_TABLE9,
     TEAMS_TABLE1, TEAMS_TABLE2, TEAMS_TABLE3, TEAMS_TABLE4)}
 
 
-__all__ = ["AVG", "Column", "GLUE_AVG", "GLUE_AVG_PARTS", "GLUE_TASKS", "Row", "SQUAD1", "SQUAD2", "TABLES",
+__all__ = ["AVG", "CONTROL_ROW", "CONTROL_RUN", "Column", "GLUE_AVG", "GLUE_AVG_PARTS", "GLUE_TASKS", "Row", "SQUAD1", "SQUAD2", "TABLES",
            "TableSpec"]

@@ -3,7 +3,8 @@
     summary = pretrain(run, shards_dir, out_dir, scratch_dir)
 
 Reads top-down: build the objective, optimizer and schedule; restore the last checkpoint; then per
-step accumulate gradients over micro-batches, clip, check the loss is finite, step, log, checkpoint.
+step accumulate gradients over micro-batches, clip, check the loss is finite, step, log, checkpoint,
+and every `guard.every` steps measure held-out diagnostics and stop a collapsed run (diagnostics.py).
 At the end the main encoder, its Hugging Face export, the auxiliary (where others need it), the
 fraction checkpoints and a summary are written to out_dir in one atomic rename.
 """
@@ -24,15 +25,16 @@ from tqdm import tqdm
 
 from electralab.batch import Batch
 from electralab.config import PretrainConfig
-from electralab.errors import ConfigError, TrainingDiverged
+from electralab.errors import ConfigError, RepresentationCollapsed, TrainingDiverged
 from electralab.data.loader import PretrainLoader
 from electralab.export import huggingface_compatible, save_encoder, save_huggingface
 from electralab.io import atomic_dir, read_json, write_json
-from electralab.model.encoder import count_parameters
+from electralab.model.encoder import count_parameters, set_dropout
 from electralab.objectives import Objective, build_objective
 from electralab.runs import ResolvedRun
 from electralab.train.checkpoint import Checkpointer, fingerprint, write_meta
-from electralab.train.common import autocast, linear_schedule, make_adamw
+from electralab.train.common import autocast, cpu_has_native_bf16, linear_schedule, make_adamw, resolve_precision
+from electralab.train.diagnostics import HeldOut, collapse, guard_active
 from electralab.train.perf import count_flops, peak_flops
 from electralab.train.tracker import Tracker
 
@@ -53,6 +55,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
              vocab_dir: Path | None = None, dist: Dist = Dist(), show_progress: bool = True) -> dict[str, Any]:
     cfg = run.pretrain
     device = choose_device(cfg, dist)
+    precision = resolve_precision(cfg.precision, device)   # once: "bf16" where the hardware has it
     accumulation = accumulation_steps(cfg, dist.world_size)
     manifest = read_json(Path(shards_dir) / "manifest.json")
     vocab_size = int(manifest["vocab_size"])
@@ -61,6 +64,8 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
 
     torch.manual_seed(run.seed)   # identical initial weights on every rank
     objective = build_objective(run.method, run.settings, run.model, run.generators, vocab_size).to(device)
+    if cfg.dropout is not None:
+        set_dropout(objective, cfg.dropout)   # pretraining only: the export keeps the model's dropout
     model = wrap_ddp(objective, device) if dist.world_size > 1 else objective
     optimizer = make_optimizer(objective, cfg)
     schedule = make_schedule(optimizer, cfg)
@@ -80,7 +85,13 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
         loader.load_state_dict({**state["loader"], "rank": dist.rank})
         step, elapsed, last_logged = state["step"], state["elapsed"], state["last_logged"]
     tracker = Tracker.start(run, resume_id=state and state.get("mlflow_run_id")) if dist.is_main else None
+    if tracker:
+        tracker.tag(precision=precision, cpu_native_bf16=cpu_has_native_bf16())
+    heldout = HeldOut.from_shards(shards_dir, run.settings.masking, cfg.guard.batches, cfg.micro_batch_size,
+                                  run.seed, device) if dist.is_main and objective.trains else None
     batches = iter(loader)   # infinite; loader.state_dict() always points at the next batch
+    if heldout is not None and step == 0:   # the diagnostics at initialisation: the baseline of every curve
+        tracker.log({f"heldout_{k}": v for k, v in heldout.measure(objective, precision).items()}, 0)
 
     tokens_per_step = cfg.batch_size * int(manifest["seq_len"])
     fraction_steps = {max(1, round(f * cfg.steps)): f for f in cfg.checkpoint_fractions}
@@ -93,14 +104,14 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
     window_start, window_steps = time.perf_counter(), 0
     objective.train()
     try:
-        while step < cfg.steps:
+        while objective.trains and step < cfg.steps:   # the no-pretraining control takes no step
             seed_step(run.seed, step, dist.rank)
             loss_sum = torch.zeros((), device=device)
             for micro in range(accumulation):
                 batch = next(batches).to(device, non_blocking=True)
 
                 def forward_backward(batch: Batch = batch, last: bool = micro == accumulation - 1):
-                    with sync_gradients(model, last), autocast(device):
+                    with sync_gradients(model, last), autocast(device, precision):
                         out = model(batch, progress=step / cfg.steps)
                         (out.loss / accumulation).backward()
                     return out
@@ -142,6 +153,16 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                 last_logged = logged
                 window_start, window_steps = time.perf_counter(), 0
 
+            if heldout is not None and (step % cfg.guard.every == 0 or step == cfg.steps):
+                diagnostics = heldout.measure(objective, precision)
+                tracker.log({f"heldout_{k}": v for k, v in diagnostics.items()}, step)
+                last_logged = {**last_logged, **{f"heldout_{k}": v for k, v in diagnostics.items()}}
+                problem = collapse(diagnostics, cfg.guard)
+                if problem and guard_active(step, cfg.steps, cfg.warmup_steps, cfg.guard):
+                    raise RepresentationCollapsed(
+                        f"run {run.name} collapsed at step {step}: {problem}. Its numbers would say nothing; "
+                        f"docs/training.md (collapse guard) says what to change")
+
             if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
                 checkpointer.save({"model": objective.state_dict(), "optimizer": optimizer.state_dict(),
                                    "schedule": schedule.state_dict(), "loader": loader.state_dict(),
@@ -164,8 +185,8 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
     if dist.is_main:
         write_outputs(objective, out_dir, checkpointer, summary, vocab_dir)
         tracker.finish(summary, out_dir)
-        print(f"pretrain {run.name}: {step} steps, loss {summary['loss']:.4f}, "
-              f"{summary['tokens_per_s']:.0f} tokens/s, {summary['wall_hours'] * 60:.1f} min -> {out_dir}")
+        print(f"pretrain {run.name}: {step} steps, loss {summary.get('loss', float('nan')):.4f}, "
+              f"{summary.get('tokens_per_s', 0.0):.0f} tokens/s, {summary['wall_hours'] * 60:.1f} min -> {out_dir}")
     return summary
 
 

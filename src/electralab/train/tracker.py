@@ -29,6 +29,9 @@ class Tracker:
                 mlflow.set_tag("mlflow.note.content", run.spec.description)
         return cls(mlflow, active.info.run_id)
 
+    def tag(self, **tags: Any) -> None:
+        self.mlflow.set_tags({k: str(v) for k, v in tags.items()})
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.mlflow.log_metrics(tracking.finite_metrics(metrics), step=step, run_id=self.run_id)
 

@@ -1,0 +1,139 @@
+"""The papers' claims, checked at the preset that ran: holds, reversed, or within noise.
+
+    claims = check_claims(TABLES["coco-lm/table1"], results)   # one line per comparison
+
+A table makes comparisons: its method against every other row we train (COCO-LM against RoBERTa and
+ELECTRA, AMOS Base against each ablation, ...), the extra pairs its spec names (ELECTRA against MLM),
+and every pretrained row against the no-pretraining control. For each comparison "A vs B":
+
+- the **score** of a row at one fine-tuning seed is the mean, over the table's tasks that both rows
+  have (`claim_columns`), of that seed's value with the configuration the grid selected; seeds are the
+  same numbers for every run and task, so a row has one score per seed;
+- **ours** is the difference of the two rows' median scores, **spread** the pooled standard deviation
+  of the scores (sqrt((s_A^2 + s_B^2) / 2), ddof=1);
+- **published** is the same difference from the paper's numbers on the same tasks (where the paper
+  prints them per task; TEAMS prints only a GLUE average, which is used instead). Against the control
+  the premise "pretraining helps" stands in for it (no paper prints a control);
+- the **verdict** comes from Welch's two-sided t-test on the two rows' per-seed scores at
+  ALPHA = 0.05: "holds" when significant with the published sign, "reversed" when significant with
+  the other sign, "within noise" otherwise; "—" when a row has fewer than two seeds or no published
+  direction exists. With five seeds a difference of about 1.6 pooled standard deviations is the
+  smallest that can be significant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from electralab.report.build import Results
+from electralab.report.published import published_table
+from electralab.report.specs import CONTROL_RUN, GLUE_AVG, GLUE_AVG_PARTS, Column, TableSpec
+
+ALPHA = 0.05
+HOLDS, REVERSED, NOISE, NO_VERDICT = "holds", "reversed", "within noise", "—"
+CLAIM_COLUMNS = ["table", "claim", "run", "than", "tasks", "seeds", "ours", "spread", "p_value", "published",
+                 "verdict"]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    row: str       # the row claimed better (its shown name)
+    run: str
+    than_row: str
+    than: str
+
+
+def comparisons(spec: TableSpec, setting: str) -> list[Comparison]:
+    """The table's comparisons in its published setting (rows we do not train are left out)."""
+    rows = {r.run: r.name for r in spec.rows[setting] if r.run}
+    pairs = [(spec.subject, run) for run in rows if run not in (spec.subject, CONTROL_RUN)]
+    pairs += [pair for pair in spec.claims if pair[0] in rows and pair[1] in rows]
+    pairs += [(run, CONTROL_RUN) for run in rows if run != CONTROL_RUN]
+    unique = [p for p in dict.fromkeys(pairs) if p[0] in rows and p[1] in rows]
+    return [Comparison(rows[a], a, rows[b], b) for a, b in unique]
+
+
+def claim_columns(spec: TableSpec) -> list[Column]:
+    """The per-task columns a comparison averages: the table's own task columns, or the GLUE tasks
+    where the table prints only an average (TEAMS)."""
+    # MNLI counts once, by its matched accuracy (as in the GLUE average); SQuAD 1.1 is never fine-tuned.
+    own = [c for c in spec.columns if c in GLUE_AVG_PARTS or c.task == "squad2"]
+    glue = [c for c in own if c.task != "squad2"]
+    if not glue and any(c.metric == GLUE_AVG for c in spec.columns):
+        return list(GLUE_AVG_PARTS)
+    return glue or own
+
+
+def seed_scores(cells: pd.DataFrame, run: str, columns: list[Column]) -> dict[str, dict[int, float]]:
+    """{column name: {seed: value}} of one run, for the columns it has."""
+    out = {}
+    for column in columns:
+        line = cells[(cells["run"] == run) & (cells["task"] == column.task) & (cells["metric"] == column.metric)]
+        if not line.empty and isinstance(line.iloc[-1]["seeds"], dict) and line.iloc[-1]["seeds"]:
+            out[column.name] = line.iloc[-1]["seeds"]
+    return out
+
+
+def published_difference(spec: TableSpec, setting: str, a: str, b: str, columns: list[str]) -> float:
+    """The paper's A - B on the same columns (or its GLUE average where it prints no per-task GLUE)."""
+    pub = published_table(spec.paper, spec.table, setting).set_index(["row", "column"])["value"]
+
+    def mean(row: str, names: list[str]) -> float:
+        values = [pub.get((row, name), np.nan) for name in names]
+        return float(np.mean(values)) if values and not np.isnan(values).any() else math.nan
+
+    per_task = mean(a, columns) - mean(b, columns)
+    if math.isfinite(per_task):
+        return per_task
+    average = next((c.name for c in spec.columns if c.metric == GLUE_AVG), None)
+    return mean(a, [average]) - mean(b, [average]) if average else math.nan
+
+
+def verdict(ours: float, p_value: float, published: float) -> str:
+    if not (math.isfinite(p_value) and math.isfinite(published)) or published == 0:
+        return NO_VERDICT
+    if p_value >= ALPHA or ours == 0:
+        return NOISE
+    return HOLDS if (ours > 0) == (published > 0) else REVERSED
+
+
+def welch_p_value(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided p of Welch's t-test (NaN with fewer than two values a side; 1 when nothing varies)."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return math.nan
+    if np.std(a) == 0 and np.std(b) == 0:
+        return 0.0 if np.mean(a) != np.mean(b) else 1.0
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
+    setting = spec.setting_for[results.preset]
+    cells = results.final_cells()
+    columns = claim_columns(spec)
+    lines = []
+    for c in comparisons(spec, setting):
+        mine, theirs = seed_scores(cells, c.run, columns), seed_scores(cells, c.than, columns)
+        shared = [name for name in mine if name in theirs]
+        seeds = sorted(set.intersection(*[set(mine[n]) & set(theirs[n]) for n in shared])) if shared else []
+        score = lambda by_column: np.array([np.mean([by_column[n][s] for n in shared]) for s in seeds])  # noqa: E731
+        a, b = (score(mine), score(theirs)) if seeds else (np.array([]), np.array([]))
+        finite = bool(seeds) and np.isfinite(a).all() and np.isfinite(b).all()
+        ours = float(np.median(a) - np.median(b)) if finite else math.nan
+        spread = float(math.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2)) if finite and len(seeds) > 1 else math.nan
+        p_value = welch_p_value(a, b) if finite else math.nan
+        published = 1.0 if c.than == CONTROL_RUN else published_difference(spec, setting, c.row, c.than_row, shared)
+        lines.append({"table": spec.key, "claim": f"{c.row} > {c.than_row}", "run": c.run, "than": c.than,
+                      "tasks": ", ".join(shared), "seeds": len(seeds), "ours": ours, "spread": spread,
+                      "p_value": p_value, "published": math.nan if c.than == CONTROL_RUN else published,
+                      "verdict": verdict(ours, p_value, published)})
+    return pd.DataFrame(lines, columns=CLAIM_COLUMNS)
+
+
+__all__ = ["ALPHA", "CLAIM_COLUMNS", "HOLDS", "NOISE", "NO_VERDICT", "REVERSED", "check_claims", "claim_columns",
+           "comparisons", "verdict", "welch_p_value"]
