@@ -26,9 +26,10 @@ def describe(preset_name: str, preset: Preset, mirror: bool) -> str:
     corpus = (", ".join(f.file for f in preset.corpus.mirror) + " (offline mirror)" if mirror
               else ", ".join(h.path for h in preset.corpus.hub) + " (Hugging Face hub)")
     cap = f", first {preset.corpus.max_documents} documents" if preset.corpus.max_documents else ""
+    others = "".join(f" ({name} runs: {preset.pretrain_for(name).steps} steps)" for name in preset.budgets)
     return (f"{preset_name} preset: corpus {corpus}{cap}; {preset.vocab.size}-piece "
             f"{'uncased' if preset.corpus.uncased else 'cased'} {preset.vocab.model_type.upper()}; main model "
-            f"{m.layers} layers x {m.hidden} hidden; {p.steps} steps x {p.batch_size} sequences x "
+            f"{m.layers} layers x {m.hidden} hidden; {p.steps} steps{others} x {p.batch_size} sequences x "
             f"{preset.shards.seq_len} tokens")
 
 

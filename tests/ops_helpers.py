@@ -20,8 +20,8 @@ import pytest
 from conftest import mirror_root
 from project_helpers import BIN, copy_project, env_for, run, shrink
 
-ABLATION = "teams/table4"                                    # 4 runs: electra, teams, teams_full_tie, teams_no_tie
-ABLATION_RUNS = ["electra", "teams", "teams_full_tie", "teams_no_tie"]
+ABLATION = "teams/table4"                                    # its 4 runs at the ablation budget and the control
+ABLATION_RUNS = ["control", "electra_ablation", "teams_ablation", "teams_full_tie", "teams_no_tie"]
 FLOW_TIMEOUT = 600
 
 

@@ -30,9 +30,10 @@ def test_params_yaml_loads_every_preset():
     params = load_params(ROOT / "params.yaml")
     assert params.preset == "tiny"
     tiny = params.active
-    assert tiny.corpus.mirror[0].file == "wikitext-2-raw_test_nonblank.txt"
-    assert tiny.corpus.mirror[0].format == "wikitext"
-    assert (tiny.vocab.size, tiny.shards.seq_len) == (4096, 128)
+    assert [m.file for m in tiny.corpus.mirror] == ["enwiki_featured_articles.txt", "enwiki_good_articles_sample.txt"]
+    assert tiny.corpus.mirror[0].format == "paragraphs" and tiny.corpus.max_documents is None
+    assert (tiny.vocab.size, tiny.shards.seq_len) == (8192, 128)
+    assert tiny.pretrain.guard.enabled and tiny.pretrain.dropout == 0.0 and tiny.pretrain.precision == "auto"
     assert params.presets["base"].vocab.size == 32768 and params.presets["base"].corpus.uncased
     assert params.presets["base_pp"].vocab.size == 64000 and not params.presets["base_pp"].corpus.uncased
 
@@ -69,3 +70,25 @@ def test_masking_probabilities_must_leave_room():
         build(MaskingConfig, {"mask_token_prob": 0.9, "random_token_prob": 0.2}, "masking")
     electra = build(MaskingConfig, {"mask_token_prob": 0.85, "random_token_prob": 0.0}, "masking")
     assert electra.mask_prob == 0.15
+
+
+def test_a_runs_budget_picks_its_schedule_and_every_table_compares_at_one_budget():
+    from electralab.report.specs import CONTROL_RUN, TABLES
+    from electralab.runs import resolve_all
+
+    params = load_params(ROOT / "params.yaml")
+    runs, tiny = resolve_all(params), params.active
+    ablation = tiny.budgets["ablation"]
+    assert runs["cocolm"].pretrain == tiny.pretrain
+    assert runs["cocolm_ablation"].pretrain.steps == ablation["steps"] < tiny.pretrain.steps
+    assert runs["cocolm_rtd_only"].pretrain == runs["cocolm_ablation"].pretrain
+    guard = runs["cocolm_ablation"].pretrain.guard   # nested overrides merge key by key
+    assert guard.every == ablation["guard"]["every"] and guard.after == tiny.pretrain.guard.after
+    for key, spec in TABLES.items():
+        budgets = {runs[r].spec.budget for r in spec.runs() if r != CONTROL_RUN}
+        assert len(budgets) == 1, (key, budgets)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    with pytest.raises(ConfigError, match=r"runs.cocolm_rtd_only.budget='ablaton' is not a budget of any preset"):
+        resolve_all(parse_params(with_change(raw, "runs.cocolm_rtd_only.budget", "ablaton")))
+    with pytest.raises(ConfigError, match=r"presets.tiny.budgets.ablation.steps=0 is out of range"):
+        parse_params(with_change(raw, "presets.tiny.budgets.ablation.steps", 0))

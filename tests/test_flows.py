@@ -52,8 +52,8 @@ def mlflow_runs(db: Path, experiment: str = "electralab-tiny"):
 def test_plan_puts_producers_first_and_names_the_stages_dvc_yaml_lacks():
     plan = make_plan(ROOT, tables=["amos/table8"])
     assert plan.preset == "tiny" and plan.in_place and plan.workspace == ROOT
-    assert plan.runs.index("amos") < plan.runs.index("amos_final_mix")
-    assert make_plan(ROOT, runs=["cocolm_converged_aux"]).runs == ("cocolm", "cocolm_converged_aux")
+    assert plan.runs.index("amos_ablation") < plan.runs.index("amos_final_mix")
+    assert make_plan(ROOT, runs=["cocolm_converged_aux"]).runs == ("cocolm_ablation", "cocolm_converged_aux")
     every = make_plan(ROOT)
     assert len(every.runs) == len(yaml.safe_load((ROOT / "params.yaml").read_text())["runs"])
     other = make_plan(ROOT, preset="small", runs=["mlm"])

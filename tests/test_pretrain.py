@@ -75,25 +75,26 @@ def test_dvc_repro_pretrain_with_dependent_runs_and_mlflow(tmp_path):
     proc = run([str(BIN / "dvc"), "repro", "pretrain@cocolm_converged_aux", "pretrain@amos_final_mix"], project, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # DVC ran each run's producer first: the converged auxiliary and the final mixture weights exist.
-    for stage in ("shards", "pretrain@cocolm", "pretrain@cocolm_converged_aux", "pretrain@amos", "pretrain@amos_final_mix"):
+    for stage in ("shards", "pretrain@cocolm_ablation", "pretrain@cocolm_converged_aux", "pretrain@amos_ablation",
+                  "pretrain@amos_final_mix"):
         assert f"Running stage '{stage}'" in proc.stdout
-    assert proc.stdout.index("'pretrain@cocolm'") < proc.stdout.index("'pretrain@cocolm_converged_aux'")
+    assert proc.stdout.index("'pretrain@cocolm_ablation'") < proc.stdout.index("'pretrain@cocolm_converged_aux'")
 
-    out = project / "models" / "cocolm"
+    out = project / "models" / "cocolm_ablation"
     assert {p.name for p in out.iterdir()} == {"encoder", "auxiliary.pt", "fractions", "summary.json"}
     assert {p.name for p in (out / "fractions").iterdir()} == {"050", "100"}
     assert json.loads((out / "fractions" / "050" / "meta.json").read_text())["step"] == 4
     assert (out / "encoder" / "tokenizer.json").is_file()   # the vocabulary travels with the model
-    assert not (project / "checkpoints" / "cocolm").exists()   # scratch cleared after success
-    metrics = json.loads((project / "metrics" / "pretrain" / "cocolm.json").read_text())
+    assert not (project / "checkpoints" / "cocolm_ablation").exists()   # scratch cleared after success
+    metrics = json.loads((project / "metrics" / "pretrain" / "cocolm_ablation.json").read_text())
     for key in ("loss", "copy_acc_replaced", "clm_acc_original", "scl_pos_cos", "tokens_per_s", "mfu",
                 "wall_hours", "device_hours", "params_main"):
         assert key in metrics, key
-    amos_mix = json.loads((project / "metrics" / "pretrain" / "amos.json").read_text())
+    amos_mix = json.loads((project / "metrics" / "pretrain" / "amos_ablation.json").read_text())
     assert sum(amos_mix[f"mix_weight_exit{d}"] for d in (4, 6, 8)) == pytest.approx(1.0, abs=1e-4)
 
     client = mlflow_client(tmp_path / "mlflow.db")
-    cocolm = only_run(client, "cocolm")
+    cocolm = only_run(client, "cocolm_ablation")
     tags = cocolm.data.tags
     assert tags["method"] == "cocolm" and tags["preset"] == "tiny" and tags["seed"] == "1"
     assert "coco-lm/table3" in tags["tables"].split(",") and tags["git_sha"] == sha and tags["dvc_exp"] == ""
@@ -105,7 +106,7 @@ def test_dvc_repro_pretrain_with_dependent_runs_and_mlflow(tmp_path):
         assert client.get_metric_history(cocolm.info.run_id, name), name
     artifacts = {a.path for a in client.list_artifacts(cocolm.info.run_id)}
     assert {"encoder", "auxiliary.pt", "summary.json"} <= artifacts
-    amos = only_run(client, "amos")
+    amos = only_run(client, "amos_ablation")
     assert client.get_metric_history(amos.info.run_id, "mix_weight_exit6")
     final_mix = only_run(client, "amos_final_mix")
     assert final_mix.data.params["settings.mixture"] == "fixed"
@@ -323,7 +324,8 @@ def test_dvc_repro_trains_every_run_of_the_registry(tmp_path):
     assert len(runs) >= 50
     ran = re.findall(r"Running stage 'pretrain@([^']+)'", proc.stdout)
     assert sorted(ran) == sorted(runs)
-    assert ran.index("cocolm") < ran.index("cocolm_converged_aux") and ran.index("amos") < ran.index("amos_final_mix")
+    assert ran.index("cocolm_ablation") < ran.index("cocolm_converged_aux")
+    assert ran.index("amos_ablation") < ran.index("amos_final_mix")
     for name in runs:
         metrics = json.loads((project / "metrics" / "pretrain" / f"{name}.json").read_text())
         if name == "control":   # no pretraining: the initial encoder, no step taken

@@ -72,7 +72,9 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     reports = root / "reports"
     for key in TABLES:
         assert (reports / "tables" / f"{stem(key)}.md").read_text().startswith(f"### {TABLES[key].name} — ours: tiny")
-        assert "Data: tiny preset: corpus wikitext-2-raw_test_nonblank.txt (offline mirror)" in \
+        assert "Data: tiny preset: corpus enwiki_featured_articles.txt, enwiki_good_articles_sample.txt (offline " \
+               "mirror); 8192-piece uncased BPE; main model 12 layers x 64 hidden; 2000 steps (ablation runs: 700 " \
+               "steps) x 32 sequences x 128 tokens" in \
             (reports / "tables" / f"{stem(key)}.md").read_text()
         csv = pd.read_csv(reports / "tables" / f"{stem(key)}.csv")
         assert (csv["preset"] == "tiny").all()
@@ -122,7 +124,7 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     assert len(client.search_runs([experiment], "tags.stage = 'report'")) == 2
     latest = client.search_runs([experiment], f"tags.stage = '{ROW_STAGE}' and tags.report_latest = 'true' "
                                               "and tags.tables = 'coco-lm/table3'")
-    assert len(latest) == 11 and {r.info.run_id for r in latest}.isdisjoint({r.info.run_id for r in rows})
+    assert len(latest) == 12 and {r.info.run_id for r in latest}.isdisjoint({r.info.run_id for r in rows})
 
 
 def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, store, capsys):

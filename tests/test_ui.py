@@ -106,7 +106,8 @@ def test_mlflow_ui_lists_the_ablation_runs_with_their_metrics(mlflow_ui, browser
     compare = (f"{mlflow_ui}/#/compare-runs?runs={urllib.parse.quote(ids)}"
                f"&experiments={urllib.parse.quote(json.dumps([experiment_id]))}")
     # Every run's final metrics side by side (the RTD accuracy is what TEAMS Table 4's rows differ in).
-    show(browser, compare, "Comparing 4 Runs", "Metrics", *ABLATION_RUNS, shot="mlflow-ablation-compare.png")
+    show(browser, compare, f"Comparing {len(ABLATION_RUNS)} Runs", "Metrics", *ABLATION_RUNS,
+         shot="mlflow-ablation-compare.png")
     lines = scrolled_lines(browser, until="final_rtd_acc_replaced", shot="mlflow-ablation-compare-metrics.png")
     for metric in ("final_loss", "final_rtd_acc_replaced", "final_tokens_per_s", "final_params_main"):
         assert metric in lines, metric

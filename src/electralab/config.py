@@ -294,6 +294,9 @@ class FinetuneConfig:
     # Caps for quick presets (a fixed random subset, the same for every run); None = everything.
     max_train_examples: int | None = bounded(None, lo=1)
     max_eval_examples: int | None = bounded(None, lo=1)
+    # Per-task training caps, before max_train_examples (e.g. {sst2: 5000}: a label-scarce SST-2 whose
+    # cost stays near the small tasks'; the same fixed sample for every run).
+    train_caps: dict[str, int] = field(default_factory=dict)
     eval_batch_size: int = bounded(128, lo=1)
     precision: Literal["auto", "fp32", "bf16"] = "auto"   # as pretrain.precision
     # Evaluate after every epoch (a child run's curve), or after the last one only (the result either way).
@@ -317,10 +320,12 @@ class FinetuneConfig:
     max_failures: int = bounded(2, lo=0)          # retries of a failed trial
 
     def check(self, where: str) -> None:
-        for key in ("tasks", "efficiency_tasks", "few_shot_tasks"):
+        for key in ("tasks", "efficiency_tasks", "few_shot_tasks", "train_caps"):
             unknown = [t for t in getattr(self, key) if t not in FINETUNE_TASKS]
             if unknown:
                 raise ConfigError(f"{where}.{key}: {unknown[0]!r} is not a task; choose from {list(FINETUNE_TASKS)}")
+        if any(cap < 1 for cap in self.train_caps.values()):
+            raise ConfigError(f"{where}.train_caps={self.train_caps}: every cap must be at least 1")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"{where}.seeds={list(self.seeds)}: list at least one seed, each once")
         if any(not 0 < f <= 1 for f in self.few_shot_fractions):
@@ -347,8 +352,23 @@ class Preset:
     generators: GeneratorSizes
     pretrain: PretrainConfig
     finetune: FinetuneConfig | None = None   # None: this preset does not fine-tune (the stage says so)
+    # Named pretraining budgets besides the main one (`pretrain`), as overrides of it: a run with
+    # `budget: ablation` trains with `pretrain` updated by `budgets.ablation`. A budget the preset does
+    # not name is the main one. The tiny preset gives its ablation tables a smaller budget of their own.
+    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def pretrain_for(self, budget: str, where: str = "") -> PretrainConfig:
+        """The pretraining schedule of a budget (checked like `pretrain`)."""
+        if budget not in self.budgets:
+            return self.pretrain
+        merged = deep_merge(to_dict(self.pretrain), self.budgets[budget])
+        return build(PretrainConfig, merged, f"{where}.budgets.{budget}" if where else f"budgets.{budget}")
 
     def check(self, where: str) -> None:
+        for budget in self.budgets:
+            if budget == MAIN_BUDGET:
+                raise ConfigError(f"{where}.budgets.{MAIN_BUDGET}: the main budget is {where}.pretrain itself")
+            self.pretrain_for(budget, where)
         if self.shards.seq_len > self.model.max_positions:
             raise ConfigError(f"{where}.shards.seq_len={self.shards.seq_len} exceeds "
                               f"{where}.model.max_positions={self.model.max_positions}")
@@ -358,6 +378,15 @@ class Preset:
 
 
 PRESETS = ("tiny", "small", "base", "base_pp", "large_pp")
+MAIN_BUDGET = "main"
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    """`base` with `update` applied, nested mappings merged key by key."""
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -131,7 +131,7 @@ class GridRun:
         self.resumed = 0
         self.bar = tqdm(desc=f"finetune {run.name}", unit="trial", disable=not show_progress, dynamic_ncols=True)
         self.settings_params = {k: v for k, v in to_dict(cfg).items()
-                                if k in ("max_seq_len", "max_train_examples", "max_eval_examples", "adam_betas",
+                                if k in ("max_seq_len", "max_train_examples", "train_caps", "max_eval_examples", "adam_betas",
                                          "adam_eps", "weight_decay", "clip_norm", "group_by_length", "squad")}
 
     @property

@@ -97,7 +97,8 @@ def make_figures(results: Results, sources: Sources):
     """Every figure: key -> (matplotlib Figure, its series as a DataFrame for DVC plots or None)."""
     preset = results.preset
     history_runs = sorted({r for s in F.SCL_SERIES.values() for r, _, _ in s} | {r for r, _ in F.COPY_CLM_RUNS}
-                          | {r for r, _, _ in F.CURRICULUM_SERIES} | {"amos", "cocolm", "mlm", "electra"})
+                          | {r for r, _, _ in F.CURRICULUM_SERIES} | {r for r, _, _ in F.MIX_SERIES}
+                          | {"amos", "cocolm", "mlm", "electra"})
     history = metric_history(results, history_runs, HISTORY_METRICS)
     scl = [s for series in F.SCL_SERIES.values() for s in series]
     copy_clm = [(run, metric, label) for _, metric in F.COPY_CLM_PANELS for run, label in F.COPY_CLM_RUNS]
@@ -108,8 +109,9 @@ def make_figures(results: Results, sources: Sources):
     depth = F.sweep_points(results.cells, {"TEAMS": F.GENERATOR_DEPTH_RUNS}, F.SWEEP_COLUMNS)
     negatives = F.sweep_points(results.cells, F.NEGATIVES_RUNS, F.SWEEP_COLUMNS)
     lookup = cell_lookup(results.final_cells())
-    electra = {F.GLUE_COLUMN.name: glue_average(lookup, "electra"),
-               SQUAD2[1].name: lookup.get(("electra", SQUAD2[1].task, SQUAD2[1].metric), {}).get("median", math.nan)}
+    reference = F.NEGATIVES_REFERENCE   # ELECTRA at the ablation budget: Fig. 5's reference line
+    electra = {F.GLUE_COLUMN.name: glue_average(lookup, reference),
+               SQUAD2[1].name: lookup.get((reference, SQUAD2[1].task, SQUAD2[1].metric), {}).get("median", math.nan)}
     cos = cosines(results, sources)
     return {
         "coco-lm/fig1-5": (F.cosine_figure(cos, preset), None),
@@ -128,6 +130,21 @@ def make_figures(results: Results, sources: Sources):
 
 
 # --- the report --------------------------------------------------------------------------------------
+
+def training_data_note(results: Results) -> str:
+    """How many training examples each fine-tuned task used, against its official training set."""
+    from electralab.finetune.tasks import OFFICIAL_TRAIN_SIZES
+
+    cells = results.final_cells()
+    used = cells.dropna(subset=["train_examples"]).groupby("task")["train_examples"].max()
+    parts = []
+    for task, n in used.items():
+        full = OFFICIAL_TRAIN_SIZES.get(task)
+        share = "all" if full and n >= full else f"a subset of {full:,}" if full else ""
+        parts.append(f"{task} {int(n):,} ({share})" if share else f"{task} {int(n):,}")
+    return ("Fine-tuning examples per task (a subset is a fixed sample, or all the offline mirror has): "
+            + "; ".join(parts) + ".") if parts else ""
+
 
 def summary_metrics(results: Results, tables: dict[str, BuiltTable], claims: pd.DataFrame | None = None) -> dict:
     """DVC metrics (metrics/report.json): per run our GLUE average, MNLI-m and SQuAD 2.0 F1 medians,
@@ -185,6 +202,10 @@ def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = No
                  f"{tracking.experiment_name(preset)} ({results.tracking_uri})."]
         if sources.note:
             intro.append(f"Data: {sources.note}")
+        if (used := training_data_note(results)):
+            intro.append(used)
+        for failure in results.failed.itertuples():   # a broken run is named, never a table cell
+            intro.append(f"Not in any table: run {failure.run}, whose pretraining failed ({failure.error}).")
         links = "\n\n".join(f"![{key}](figures/{stem(key)}.png)" for key in figure_paths)
         (tmp / "report.md").write_text(f"# {title}\n\n" + "\n\n".join(intro) + "\n\n" + "\n".join(markdown)
                                        + f"\n## Figures\n\n{links}\n", encoding="utf-8")

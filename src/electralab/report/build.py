@@ -14,6 +14,7 @@ Conventions (docs/reproducing.md):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ class Results:
     experiment_id: str
     cells: pd.DataFrame      # run, task, checkpoint, label_fraction, metric, median, std, min, max, run_id
     pretrain: pd.DataFrame   # run, method, run_id, steps, and final_* metrics: one line per pretraining run
+    # runs whose latest pretraining attempt failed (collapsed, diverged): run, error. Not in any table.
+    failed: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame(columns=["run", "error"]))
 
     def final_cells(self) -> pd.DataFrame:
         return final_cells(self.cells)
@@ -94,7 +97,7 @@ def _tag(runs: pd.DataFrame, name: str, default: str) -> pd.Series:
 
 def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
     """Fine-tuning parents (one per run, task, checkpoint, label fraction) -> one line per metric."""
-    columns = ["run", "task", "checkpoint", "label_fraction", "metric", *STATS, "seeds", "run_id"]
+    columns = ["run", "task", "checkpoint", "label_fraction", "metric", *STATS, "seeds", "train_examples", "run_id"]
     if parents.empty:
         return pd.DataFrame(columns=columns)
     parents = parents.assign(run=_tag(parents, "run", ""), task=_tag(parents, "task", ""),
@@ -113,7 +116,7 @@ def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
             seeds = {int(seed): float(p[c]) for c, seed, metric in by_seed if metric == m and not pd.isna(p[c])}
             lines.append({"run": p["run"], "task": p["task"], "checkpoint": p["checkpoint"],
                           "label_fraction": p["label_fraction"], "metric": m, **stats, "seeds": seeds,
-                          "run_id": p["run_id"]})
+                          "train_examples": p.get("metrics.num_train_examples", np.nan), "run_id": p["run_id"]})
     return pd.DataFrame(lines, columns=columns).astype({s: float for s in STATS})
 
 
@@ -129,14 +132,23 @@ def _pretrain_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _failed_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs whose latest pretraining attempt ended FAILED (the collapse guard, a diverged loss)."""
+    if runs.empty:
+        return pd.DataFrame(columns=["run", "error"])
+    runs = runs.assign(run=_tag(runs, "run", ""), error=_tag(runs, "error", "failed"))
+    latest = runs[runs["status"] != "RUNNING"].sort_values("start_time").drop_duplicates(["run"], keep="last")
+    return latest.loc[latest["status"] == "FAILED", ["run", "error"]].reset_index(drop=True)
+
+
 def fetch_results(preset: str, tracking_uri: str | None = None) -> Results:
     """Every finished pretraining run and fine-tuning parent of the preset's experiment."""
     uri = tracking_uri or tracking.tracking_uri()
     experiment = experiment_id(preset, uri)
     mlflow = _mlflow(uri)
     cells = _finetune_cells(_search(mlflow, experiment, "finetune"))
-    pretrain = _pretrain_runs(_search(mlflow, experiment, "pretrain"))
-    return Results(preset, uri, experiment, cells, pretrain)
+    pretraining = _search(mlflow, experiment, "pretrain")
+    return Results(preset, uri, experiment, cells, _pretrain_runs(pretraining), _failed_runs(pretraining))
 
 
 def metric_history(results: Results, runs: list[str], metrics: list[str]) -> pd.DataFrame:

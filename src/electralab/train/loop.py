@@ -96,7 +96,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
     tokens_per_step = cfg.batch_size * int(manifest["seq_len"])
     fraction_steps = {max(1, round(f * cfg.steps)): f for f in cfg.checkpoint_fractions}
     devices = dist.world_size
-    peak = peak_flops(device)
+    peak = peak_flops(device, precision)
     meter = Meter()
     flops_per_step: float | None = None
     bar = tqdm(total=cfg.steps, initial=step, desc=f"pretrain {run.name}", unit="step",
@@ -154,7 +154,10 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                 window_start, window_steps = time.perf_counter(), 0
 
             if heldout is not None and (step % cfg.guard.every == 0 or step == cfg.steps):
+                started = time.perf_counter()
                 diagnostics = heldout.measure(objective, precision)
+                seconds = time.perf_counter() - started   # in the wall clock, not in the tokens/s of training
+                elapsed, window_start = elapsed + seconds, window_start + seconds
                 tracker.log({f"heldout_{k}": v for k, v in diagnostics.items()}, step)
                 last_logged = {**last_logged, **{f"heldout_{k}": v for k, v in diagnostics.items()}}
                 problem = collapse(diagnostics, cfg.guard)

@@ -33,14 +33,17 @@ class Tracker:
         self.mlflow.set_tags({k: str(v) for k, v in tags.items()})
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics(tracking.finite_metrics(metrics), step=step, run_id=self.run_id)
+        """Queued to MLflow's background writer: the training step does not wait on the store."""
+        self.mlflow.log_metrics(tracking.finite_metrics(metrics), step=step, run_id=self.run_id, synchronous=False)
 
     def fail(self, error: BaseException) -> None:
+        self.mlflow.flush_async_logging()
         status = "FAILED" if isinstance(error, Exception) else "KILLED"
         self.mlflow.set_tag("error", f"{type(error).__name__}: {error}"[:5000])
         self.mlflow.end_run(status)
 
     def finish(self, summary: dict[str, Any], out_dir: Path) -> None:
+        self.mlflow.flush_async_logging()
         numbers = {f"final_{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
         self.mlflow.log_metrics(tracking.finite_metrics(numbers), run_id=self.run_id)
         self.mlflow.log_artifacts(str(out_dir / "encoder"), artifact_path="encoder")
