@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from electralab.config import EncoderConfig, TrialResources, load_params
+from electralab.config import EncoderConfig, SquadSettings, TrialResources, load_params
 from electralab.errors import TrialsFailed
 from electralab.export import save_encoder
 from electralab.io import write_json
@@ -343,3 +343,43 @@ def test_any_runs_export_fine_tunes(tmp_path, vocab_dir, export, on_top, layers)
     data = prepare(TASKS["rte"], Tokenizer(tmp_path / "encoder"), cfg, mirror_root())[1.0]
     history = run_trial(data, encoder, HParams(1e-3, 1, 16, 0.1), seed=1, settings=TrialSettings.of(cfg))
     assert 0 <= history[-1]["accuracy"] <= 100
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_a_diverged_model_scores_nan_never_wins_selection_and_leaves_no_glue_average(vocab_dir):
+    """A model that diverged to NaN through evaluation and grid selection: every metric of it is NaN (STS-B's
+    Spearman used to be 8.45 and beat a weak real configuration), a real configuration wins although the
+    diverged one comes first in the grid, and the GLUE average stays undefined."""
+    from electralab.data.vocab import Tokenizer
+    from electralab.finetune.data import prepare
+    from electralab.finetune.grid import Group, HParams, TrialSpec, select
+    from electralab.finetune.model import FinetuneModel
+    from electralab.finetune.protocol import summarize
+    from electralab.finetune.tasks import TASKS
+    from electralab.finetune.trial import TrialSettings, evaluate
+
+    tok = Tokenizer(vocab_dir)
+    cfg = dataclasses.replace(load_params(ROOT / "params.yaml").presets["tiny"].finetune, max_seq_len=64,
+                              max_train_examples=16, max_eval_examples=128,
+                              squad=SquadSettings(doc_stride=32, max_query_len=16, max_eval_questions=16))
+    settings = TrialSettings.of(cfg)
+    diverged, weak = HParams(1e-3, 2, 32, 0.1), HParams(3e-4, 2, 32, 0.1)
+    selections = {}
+    for name in ("stsb", "rte", "squad2"):
+        task = TASKS[name]
+        data = prepare(task, tok, cfg, mirror_root())[1.0]
+        finals = {}
+        for seed in (1, 2, 3):
+            broken = tiny_encoder(tok.vocab_size, seed)
+            with torch.no_grad():
+                for p in broken.parameters():
+                    p.fill_(float("nan"))
+            nan_metrics = evaluate(FinetuneModel(broken, task), data, settings, torch.device("cpu"))
+            assert nan_metrics and all(np.isnan(v) for v in nan_metrics.values()), (name, nan_metrics)
+            finals[TrialSpec(Group(name), diverged, seed)] = nan_metrics
+            real = evaluate(FinetuneModel(tiny_encoder(tok.vocab_size, seed), task), data, settings, torch.device("cpu"))
+            assert all(np.isfinite(v) for v in real.values()), (name, real)
+            finals[TrialSpec(Group(name), weak, seed)] = real
+        selections[Group(name)] = selection = select(finals, [diverged, weak], task.main_metric)
+        assert selection.best == weak and np.isfinite(selection.stats[f"median_{task.main_metric}"])
+    assert "glue_avg" not in summarize(selections, {}, 1.0)
