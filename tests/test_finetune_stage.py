@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +202,23 @@ def test_stage_errors_are_one_line_and_leave_no_metrics(tmp_path, env, capsys):
         with pytest.raises(SystemExit) as exit_info:
             stage.run_stage("finetune", stage.main, ["--params", str(root / "params.yaml"), run], stage.arguments)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (root / "metrics").exists()
+
+
+def test_a_binary_glue_dev_file_is_a_named_error(tmp_path, models, env, capsys, monkeypatch):
+    root = make_project(tmp_path, models, "mlm", tasks=["rte"], efficiency_tasks=["rte"], few_shot_tasks=["rte"])
+    env(root)
+    rte = tmp_path / "mirror" / "glue" / "RTE"
+    rte.mkdir(parents=True)
+    shutil.copy(mirror_root() / "glue" / "RTE" / "train.tsv", rte)
+    (rte / "dev.tsv").write_bytes(bytes(range(256)) * 8)          # not text at all
+    monkeypatch.setenv("ELECTRALAB_DATA", str(tmp_path / "mirror"))
+    stage = load_stage()
+    with pytest.raises(SystemExit) as exit_info:
+        stage.run_stage("finetune", stage.main, ["--params", str(root / "params.yaml"), "mlm"], stage.arguments)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert f"error: {rte / 'dev.tsv'}: not UTF-8 text at byte 128" in err
     assert not (root / "metrics").exists()
 
 

@@ -126,7 +126,11 @@ def _label(task: Task, value: str, where: str) -> float | int:
 
 def read_glue_tsv(task: Task, path: Path) -> GlueSplit:
     """A GLUE TSV as download_glue_data.py wrote it (and ELECTRA reads it): split on tabs, no quoting."""
-    text = path.read_text(encoding="utf-8-sig")          # -sig: drops MRPC's byte order mark
+    try:
+        text = path.read_text(encoding="utf-8-sig")      # -sig: drops MRPC's byte order mark
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text at byte {e.start} (a binary or truncated file?); GLUE files "
+                        f"are tab-separated UTF-8") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":                        # a final newline (CoLA dev has none)
         lines.pop()
@@ -192,7 +196,7 @@ def read_squad_json(path: Path) -> SquadSplit:
     """The official SQuAD 2.0 JSON: data[].paragraphs[].{context, qas[].{id, question, answers, is_impossible}}."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))["data"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:   # ValueError: bad JSON, or bytes that are not UTF-8
         raise DataError(f"{path}: not a SQuAD JSON file ({type(e).__name__}: {e})") from None
     examples = []
     for article in data:

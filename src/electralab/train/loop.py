@@ -26,8 +26,9 @@ from electralab.batch import Batch
 from electralab.config import PretrainConfig
 from electralab.errors import ConfigError, TrainingDiverged
 from electralab.data.loader import PretrainLoader
+from electralab.data.shards import read_shards_manifest
 from electralab.export import huggingface_compatible, save_encoder, save_huggingface
-from electralab.io import atomic_dir, read_json, write_json
+from electralab.io import atomic_dir, write_json
 from electralab.model.encoder import count_parameters
 from electralab.objectives import Objective, build_objective
 from electralab.runs import ResolvedRun
@@ -54,7 +55,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
     cfg = run.pretrain
     device = choose_device(cfg, dist)
     accumulation = accumulation_steps(cfg, dist.world_size)
-    manifest = read_json(Path(shards_dir) / "manifest.json")
+    manifest = read_shards_manifest(shards_dir)   # a DataError naming the file when missing or corrupt
     vocab_size = int(manifest["vocab_size"])
     checkpointer = Checkpointer(scratch_dir, fingerprint(run.as_params(), manifest.get("config_hash"),
                                                          dist.world_size))
