@@ -11,6 +11,7 @@ docs/training.md describes the loop, resume and outputs.
 from __future__ import annotations
 
 import os
+import shutil
 
 from electralab.cli import run_stage
 from electralab.config import Params
@@ -39,6 +40,8 @@ def main(params: Params, args) -> None:
         summary = pretrain(run, shards, out, scratch, vocab_dir=vocab)
     write_json(root / "metrics" / "pretrain" / f"{run.name}.json",
                {k: v for k, v in summary.items() if isinstance(v, (int, float))})
+    # Last: until here a kill resumes from the final checkpoint instead of training again from step 0.
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

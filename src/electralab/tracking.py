@@ -97,6 +97,21 @@ def start_run(*, preset: str, run_name: str, tags: dict[str, str], run_id: str |
                             log_system_metrics=system_metrics)
 
 
+def close_orphan(run_id: str, why: str) -> None:
+    """Mark the RUNNING run of a killed process KILLED, saying why (a run already closed, or deleted from
+    the store meanwhile, is left as it is)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri())
+    try:
+        if client.get_run(run_id).info.status != "RUNNING":
+            return
+    except Exception:   # not in this store (deleted, or another store)
+        return
+    client.set_tag(run_id, "error", why)
+    client.set_terminated(run_id, "KILLED")
+
+
 def mlflow_module():
     """The mlflow module, pointed at this project's tracking store."""
     return _mlflow()
