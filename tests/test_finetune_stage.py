@@ -222,6 +222,30 @@ def test_a_binary_glue_dev_file_is_a_named_error(tmp_path, models, env, capsys, 
     assert not (root / "metrics").exists()
 
 
+def test_a_killed_grids_parent_is_resumed_or_closed_killed_not_left_running(tmp_path, models, env, mlflow_uri):
+    """A SIGKILLed stage leaves its parents RUNNING: the rerun continues the one whose inputs are the same and
+    closes the one whose inputs changed as KILLED."""
+    from mlflow import MlflowClient
+
+    from electralab.finetune.grid import Group
+    from electralab.finetune.tasks import TASKS
+    from electralab.finetune.track import FinetuneTracker
+
+    root = make_project(tmp_path, models, "mlm")
+    env(root)
+    run = resolve_run(load_params(root / "params.yaml"), "mlm")
+    state = tmp_path / "parents.json"
+    killed = FinetuneTracker(run, (1, 2), state)
+    same, changed = (killed.parent(Group(t), TASKS[t], f"{t}-inputs") for t in ("rte", "stsb"))
+    rerun = FinetuneTracker(run, (1, 2), state)
+    assert rerun.parent(Group("rte"), TASKS["rte"], "rte-inputs") == same
+    replacement = rerun.parent(Group("stsb"), TASKS["stsb"], "stsb-inputs-changed")
+    client = MlflowClient(mlflow_uri)
+    assert replacement != changed and client.get_run(changed).info.status == "KILLED"
+    assert "inputs changed" in client.get_run(changed).data.tags["error"]
+    assert {client.get_run(r).info.status for r in (same, replacement)} == {"RUNNING"}
+
+
 # --------------------------------------------------------------------------------------------------
 # Retries, interruption, resume
 

@@ -263,6 +263,21 @@ def test_a_corrupt_latest_checkpoint_is_set_aside_and_the_previous_one_resumed(p
     assert_resumed_exactly(project, db, reference, redone=2)    # steps 5 and 6 again
 
 
+@pytest.mark.slow
+def test_two_stages_starting_together_on_a_fresh_mlflow_store(project, tmp_path):
+    """MLflow's schema creation races when two processes create one SQLite store (`duplicate column name`):
+    the store is created once, under a lock, before a stage uses it."""
+    env = mlflow_env(project, tmp_path / "fresh" / "mlflow.db")
+    (tmp_path / "fresh").mkdir()
+    procs = [subprocess.Popen([sys.executable, "stages/pretrain.py", name], cwd=project, env=env, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name in ("mlm", "electra")]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for e in errors]
+    client = mlflow_client(tmp_path / "fresh" / "mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("electralab-tiny").experiment_id])
+    assert sorted(r.data.tags["run"] for r in runs) == ["electra", "mlm"]
+
+
 def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp_path):
     from electralab.runs import resolve_run
     from electralab.train.checkpoint import Checkpointer, fingerprint

@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
+from pathlib import Path
 from typing import Any, Iterable
 
 from electralab.env import repo_root
@@ -26,9 +28,30 @@ def experiment_name(preset: str) -> str:
     return f"{EXPERIMENT_PREFIX}{preset}"
 
 
+_OPENED: set[str] = set()
+
+
+def open_store(uri: str) -> None:
+    """Create a SQLite store once, under a lock beside it, before anything uses it: two processes creating
+    one store race in MLflow's schema migrations (`duplicate column name: step`), so two stages starting
+    together on a fresh store crashed. An existing store passes through in milliseconds; a server needs
+    nothing."""
+    if uri in _OPENED or not uri.startswith("sqlite:///"):
+        return
+    from mlflow import MlflowClient
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{db}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file is closed (or the process dies)
+        MlflowClient(uri).search_experiments(max_results=1)   # creates and migrates the schema
+    _OPENED.add(uri)
+
+
 def _mlflow():
     import mlflow  # imported lazily: start-up time matters for small stages and tests
 
+    open_store(tracking_uri())
     mlflow.set_tracking_uri(tracking_uri())
     return mlflow
 
@@ -102,6 +125,7 @@ def close_orphan(run_id: str, why: str) -> None:
     the store meanwhile, is left as it is)."""
     from mlflow import MlflowClient
 
+    open_store(tracking_uri())
     client = MlflowClient(tracking_uri())
     try:
         if client.get_run(run_id).info.status != "RUNNING":

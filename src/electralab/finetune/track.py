@@ -51,6 +51,8 @@ class FinetuneTracker:
     def parent(self, group: Group, task: Task, fingerprint: str) -> str:
         """The group's parent run: the one an interrupted stage started for the same inputs, or a new one."""
         known = self.parents.get(group.key)
+        if known and known["fingerprint"] != fingerprint:   # its inputs changed: it will never be finished
+            tracking.close_orphan(known["run_id"], "fine-tuning stopped; its inputs changed before it resumed")
         if known and known["fingerprint"] == fingerprint:
             try:
                 if self.client.get_run(known["run_id"]).info.status != "RUNNING":

@@ -55,6 +55,7 @@ def check_preset(preset: str) -> None:
 def _mlflow(tracking_uri: str):
     import mlflow  # lazily: importing mlflow costs about a second
 
+    tracking.open_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     return mlflow
 
