@@ -278,6 +278,27 @@ def test_two_stages_starting_together_on_a_fresh_mlflow_store(project, tmp_path)
     assert sorted(r.data.tags["run"] for r in runs) == ["electra", "mlm"]
 
 
+@pytest.mark.slow
+def test_a_second_direct_run_of_a_running_stage_stops_at_once_naming_the_first(project, tmp_path):
+    env = mlflow_env(project, tmp_path / "mlflow.db")
+    longer = yaml.safe_load((project / "params.yaml").read_text())
+    longer["presets"]["tiny"]["pretrain"]["steps"] = 200
+    (tmp_path / "longer.yaml").write_text(yaml.safe_dump(longer))
+    shutil.rmtree(project / "checkpoints", ignore_errors=True)
+    first = subprocess.Popen([sys.executable, "stages/pretrain.py", "--params", str(tmp_path / "longer.yaml"), "mlm"],
+                             cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (project / "checkpoints" / "mlm" / "mlflow.json").exists():   # training: inside the lock
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-3000:]
+        time.sleep(0.05)
+    second = run([sys.executable, "stages/pretrain.py", "mlm"], project, env)
+    assert first.poll() is None, "the first run ended before the second started: make it longer"
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
+    assert f"error: stage pretrain@mlm is already running in {project} (pid {first.pid}" in second.stderr
+    assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
+    assert json.loads((project / "metrics" / "pretrain" / "mlm.json").read_text())["steps"] == 200
+
+
 def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp_path):
     from electralab.runs import resolve_run
     from electralab.train.checkpoint import Checkpointer, fingerprint
