@@ -1,7 +1,8 @@
 """MLflow tracking contracts (DESIGN.md):
 
 * Tracking URI: $MLFLOW_TRACKING_URI when set, else an absolute sqlite:///<project root>/mlflow.db
-  (anchored on DVC_ROOT under DVC: relative paths break inside Ray workers and DVC temp experiments);
+  (anchored on DVC_ROOT under DVC, the parent repository for a temp or queued experiment, whose copy is
+  deleted when it ends; relative paths break inside Ray workers);
   artifacts under <project root>/mlartifacts.
 * One experiment per preset ("electralab-<preset>"). Tags on every run: run, method, tables, preset,
   git_sha, dvc_exp, seed (+ stage: pretrain | finetune | report).
@@ -15,13 +16,13 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterable
 
-from electralab.env import repo_root
+from electralab.env import repo_root, store_root
 
 EXPERIMENT_PREFIX = "electralab-"
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store_root() / 'mlflow.db'}"
 
 
 def experiment_name(preset: str) -> str:
@@ -65,7 +66,7 @@ def ensure_experiment(preset: str) -> str:
         return found.experiment_id
     location = None
     if tracking_uri().startswith("sqlite:"):
-        location = (repo_root() / "mlartifacts" / name).as_uri()
+        location = (store_root() / "mlartifacts" / name).as_uri()
     try:
         return mlflow.create_experiment(name, artifact_location=location)
     except Exception:  # created concurrently by another process (parallel stages)
