@@ -222,6 +222,31 @@ def test_a_binary_glue_dev_file_is_a_named_error(tmp_path, models, env, capsys, 
     assert not (root / "metrics").exists()
 
 
+def test_a_requested_task_without_its_dev_file_fails_the_stage_unless_allowed(tmp_path, models, env, capsys,
+                                                                             monkeypatch, local_ray):
+    """A missing GLUE dev file used to exit 0 with the task recorded as missing: `dvc repro` and the flow
+    reported success. Now the stage stops before any trial, naming the file and the flag that allows it."""
+    root = make_project(tmp_path, models, "mlm", tasks=["rte"], efficiency_tasks=["rte"], few_shot_tasks=["rte"])
+    env(root)
+    rte = tmp_path / "mirror" / "glue" / "RTE"
+    rte.mkdir(parents=True)
+    shutil.copy(mirror_root() / "glue" / "RTE" / "train.tsv", rte)          # no dev.tsv
+    monkeypatch.setenv("ELECTRALAB_DATA", str(tmp_path / "mirror"))
+    stage = load_stage()
+    argv = ["--params", str(root / "params.yaml"), "mlm"]
+    with pytest.raises(SystemExit) as exit_info:
+        stage.run_stage("finetune", stage.main, argv, stage.arguments)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "requested task(s) cannot run (rte: no dev split: glue/RTE/dev.tsv is not in the ELECTRALAB_DATA mirror" in err
+    assert "set ELECTRALAB_ALLOW_MISSING=1" in err and not (root / "metrics").exists()
+
+    monkeypatch.setenv("ELECTRALAB_ALLOW_MISSING", "1")
+    stage.run_stage("finetune", stage.main, argv, stage.arguments)
+    out = json.loads((root / "metrics" / "finetune" / "mlm.json").read_text())
+    assert "glue/RTE/dev.tsv" in out["missing"]["rte"] and out["trials"] == 0
+
+
 def test_a_killed_grids_parent_is_resumed_or_closed_killed_not_left_running(tmp_path, models, env, mlflow_uri):
     """A SIGKILLed stage leaves its parents RUNNING: the rerun continues the one whose inputs are the same and
     closes the one whose inputs changed as KILLED."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from electralab.config import ConfigError
 
 DATA_ENV = "ELECTRALAB_DATA"
+ALLOW_MISSING_ENV = "ELECTRALAB_ALLOW_MISSING"   # 1: a fine-tuning task without its data is recorded, not fatal
 
 
 def repo_root() -> Path:

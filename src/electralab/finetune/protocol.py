@@ -7,7 +7,9 @@
    runs in coco-lm/fig3 or amos/fig4 add `efficiency_tasks` on each pretraining fraction checkpoint
    (models/<run>/fractions/<pct>/encoder), runs in coco-lm/fig7 add `few_shot_tasks` on each of
    `few_shot_fractions` of the training labels.
-2. Read and tokenise each task once (the run's own vocabulary); a missing split makes the task missing.
+2. Read and tokenise each task once (the run's own vocabulary); a missing split stops the stage before any
+   trial, unless it is a known gap of the offline mirror (QQP dev) or allowed (ELECTRALAB_ALLOW_MISSING=1):
+   then the task is recorded as missing, with the reason.
 3. Phase 1 on Ray Tune: every configuration x seed of the main groups. Per group, the median over the
    seeds per configuration; the best median of the main metric wins.
 4. Phase 2: the extras with the configuration phase 1 selected for their task (extras_grid: selected)
@@ -53,6 +55,7 @@ class Plan:
     encoders: dict[str, Path]                                     # checkpoint -> encoder directory
     hours: dict[str, dict[str, float]] = field(default_factory=dict)   # checkpoint -> wall/device hours
     missing: dict[str, str] = field(default_factory=dict)         # group key -> why it cannot run
+    known_gaps: set[str] = field(default_factory=set)             # of those, the offline mirror's known gaps
 
     @staticmethod
     def is_extra(group: Group) -> bool:
@@ -110,8 +113,21 @@ def load_data(the_plan: Plan, cfg: FinetuneConfig, tokenizer: Tokenizer,
             for fraction, prepared in prepare(TASKS[task], tokenizer, cfg, data_root, sorted(wanted)).items():
                 data[(task, fraction)] = prepared
         except MissingSplit as e:
-            the_plan.missing.update({g.key: str(e) for g in the_plan.groups if g.task == task})
+            keys = [g.key for g in the_plan.groups if g.task == task]
+            the_plan.missing.update({key: str(e) for key in keys})
+            if e.known_gap:
+                the_plan.known_gaps.update(keys)
     return data
+
+
+def check_missing(run: ResolvedRun, the_plan: Plan, allow_missing: bool) -> None:
+    """Refuse to start when a requested group cannot run, other than the offline mirror's known gaps: a
+    stage that exits 0 would hide it from `dvc repro`, the flow and the report's reader."""
+    unexpected = {k: why for k, why in the_plan.missing.items() if k not in the_plan.known_gaps}
+    if unexpected and not allow_missing:
+        listed = "; ".join(f"{k}: {why}" for k, why in sorted(unexpected.items()))
+        raise DataError(f"finetune {run.name}: {len(unexpected)} requested task(s) cannot run ({listed}); fix the "
+                        f"data, or set ELECTRALAB_ALLOW_MISSING=1 to record them as missing and fine-tune the rest")
 
 
 class GridRun:
@@ -206,15 +222,17 @@ class GridRun:
 
 
 def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir: Path, data_root: Path | None, *,
-             trainable_fn: Callable | None = None, show_progress: bool = True) -> dict:
+             trainable_fn: Callable | None = None, show_progress: bool = True, allow_missing: bool = False) -> dict:
     """Fine-tune and evaluate `run` (see the module docstring); returns the metrics file's content.
-    `trainable_fn` replaces the Tune trainable (tests inject failures with it)."""
+    `trainable_fn` replaces the Tune trainable (tests inject failures with it). A requested task whose data
+    is missing stops it before any trial, unless a known gap of the mirror or `allow_missing`."""
     from electralab.finetune.tuning import ray_session   # imports Ray
 
     started = time.perf_counter()
     model_dir, scratch_dir = Path(model_dir).resolve(), Path(scratch_dir).resolve()
     the_plan = plan(run, cfg, model_dir)
     data = load_data(the_plan, cfg, Tokenizer(model_dir / "encoder"), data_root)
+    check_missing(run, the_plan, allow_missing)
     grid = GridRun(run, cfg, the_plan, data, scratch_dir, show_progress)
     seconds = {"data": time.perf_counter() - started}
     try:
