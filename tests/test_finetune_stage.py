@@ -53,7 +53,8 @@ def models(tmp_path_factory, vocab_dir) -> Path:
     root = tmp_path_factory.mktemp("models") / "run"
     vocab = Tokenizer(vocab_dir).vocab_size
     save_encoder(tiny_encoder(vocab, 0), root / "encoder", vocab_dir)
-    write_json(root / "summary.json", {"wall_hours": 0.5, "device_hours": 0.5, "steps": 100})
+    write_json(root / "summary.json", {"wall_hours": 0.5, "device_hours": 0.5, "steps": 100,
+                                       "mlflow_run_id": "the-pretraining-run"})
     for pct, seed in (("050", 1), ("100", 0)):
         save_encoder(tiny_encoder(vocab, seed), root / "fractions" / pct / "encoder")
         write_json(root / "fractions" / pct / "meta.json",
@@ -223,7 +224,7 @@ def test_a_binary_glue_dev_file_is_a_named_error(tmp_path, models, env, capsys, 
 
 
 def test_a_requested_task_without_its_dev_file_fails_the_stage_unless_allowed(tmp_path, models, env, capsys,
-                                                                             monkeypatch, local_ray):
+                                                                             monkeypatch, local_ray, mlflow_uri):
     """A missing GLUE dev file used to exit 0 with the task recorded as missing: `dvc repro` and the flow
     reported success. Now the stage stops before any trial, naming the file and the flag that allows it."""
     root = make_project(tmp_path, models, "mlm", tasks=["rte"], efficiency_tasks=["rte"], few_shot_tasks=["rte"])
@@ -245,6 +246,11 @@ def test_a_requested_task_without_its_dev_file_fails_the_stage_unless_allowed(tm
     stage.run_stage("finetune", stage.main, argv, stage.arguments)
     out = json.loads((root / "metrics" / "finetune" / "mlm.json").read_text())
     assert "glue/RTE/dev.tsv" in out["missing"]["rte"] and out["trials"] == 0
+    # which MLflow runs these are, and of which pretraining run (the report reads only those)
+    assert out["mlflow"]["pretrain_run_id"] == "the-pretraining-run"
+    parents = search(mlflow_uri, "mlm", "finetune").set_index("run_id")
+    assert set(out["mlflow"]["parents"]) == set(out["missing"]) and set(out["mlflow"]["parents"].values()) <= set(parents.index)
+    assert (parents.loc[list(out["mlflow"]["parents"].values()), "tags.pretrain_run_id"] == "the-pretraining-run").all()
 
 
 def test_a_killed_grids_parent_is_resumed_or_closed_killed_not_left_running(tmp_path, models, env, mlflow_uri):
@@ -413,7 +419,8 @@ def test_any_runs_export_fine_tunes(tmp_path, vocab_dir, export, on_top, layers)
 
 
 @pytest.mark.usefixtures("single_thread")
-def test_a_diverged_model_scores_nan_never_wins_selection_and_leaves_no_glue_average(vocab_dir):
+def test_a_diverged_model_scores_nan_never_wins_selection_and_leaves_no_glue_average(vocab_dir, tmp_path, models, env,
+                                                                                     mlflow_uri):
     """A model that diverged to NaN through evaluation and grid selection: every metric of it is NaN (STS-B's
     Spearman used to be 8.45 and beat a weak real configuration), a real configuration wins although the
     diverged one comes first in the grid, and the GLUE average stays undefined."""
@@ -450,3 +457,18 @@ def test_a_diverged_model_scores_nan_never_wins_selection_and_leaves_no_glue_ave
         selections[Group(name)] = selection = select(finals, [diverged, weak], task.main_metric)
         assert selection.best == weak and np.isfinite(selection.stats[f"median_{task.main_metric}"])
     assert "glue_avg" not in summarize(selections, {}, 1.0)
+
+    # A grid where every configuration diverged: its parent says which metrics failed (the report's "failed").
+    from mlflow import MlflowClient
+
+    from electralab.finetune.track import FinetuneTracker
+
+    root = make_project(tmp_path, models, "mlm")
+    env(root)
+    only_nan = {s: m for s, m in finals.items() if s.hparams == diverged}
+    tracker = FinetuneTracker(resolve_run(load_params(root / "params.yaml"), "mlm"), (1, 2, 3), tmp_path / "p.json")
+    parent = tracker.parent(Group("squad2"), TASKS["squad2"], "inputs")
+    tracker.finish(parent, select(only_nan, [diverged], "f1"), {}, {})
+    finished = MlflowClient(mlflow_uri).get_run(parent)
+    assert finished.data.tags["failed_metrics"] == ",".join(sorted(only_nan[next(iter(only_nan))]))
+    assert not any(k.startswith("median_") for k in finished.data.metrics)

@@ -209,14 +209,15 @@ def assert_resumed_exactly(project: Path, db: Path, reference: dict, redone: int
     got = weights(project / "models" / "mlm" / "encoder" / "weights.pt")
     assert got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in reference)
     assert sorted(p.name for p in (project / "models" / "mlm" / "fractions").iterdir()) == ["050", "100"]
-    assert json.loads((project / "metrics" / "pretrain" / "mlm.json").read_text())["steps"] == 8
-    assert not (project / "checkpoints" / "mlm").exists()
+    metrics = json.loads((project / "metrics" / "pretrain" / "mlm.json").read_text())
+    assert metrics["steps"] == 8 and not (project / "checkpoints" / "mlm").exists()
     client = mlflow_client(db)
     experiment = client.get_experiment_by_name("electralab-tiny").experiment_id
     runs = client.search_runs([experiment], "tags.run = 'mlm'")
     assert sorted(r.info.status for r in runs if r.info.status != "KILLED") == ["FINISHED"], \
         [(r.info.status, r.data.tags.get("error")) for r in runs]
     finished = next(r for r in runs if r.info.status == "FINISHED")
+    assert metrics["mlflow_run_id"] == finished.info.run_id   # the report finds the workspace's run by it
     steps = [m.step for m in client.get_metric_history(finished.info.run_id, "loss")]
     assert sorted(set(steps)) == list(range(1, 9)) and len(steps) - 8 <= redone, steps
     assert finished.data.metrics["final_flops_per_step"] > 0

@@ -56,6 +56,7 @@ class Plan:
     hours: dict[str, dict[str, float]] = field(default_factory=dict)   # checkpoint -> wall/device hours
     missing: dict[str, str] = field(default_factory=dict)         # group key -> why it cannot run
     known_gaps: set[str] = field(default_factory=set)             # of those, the offline mirror's known gaps
+    pretrain_run_id: str = ""                                     # the MLflow run that made model_dir
 
     @staticmethod
     def is_extra(group: Group) -> bool:
@@ -69,7 +70,9 @@ def plan(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path) -> Plan:
     out = Plan([Group(task) for task in cfg.tasks], {FINAL: encoder})
     summary = model_dir / "summary.json"
     if summary.is_file():
-        out.hours[FINAL] = {k: v for k, v in read_json(summary).items() if k in ("wall_hours", "device_hours")}
+        made = read_json(summary)
+        out.hours[FINAL] = {k: v for k, v in made.items() if k in ("wall_hours", "device_hours")}
+        out.pretrain_run_id = str(made.get("mlflow_run_id", ""))
     tables = set(run.spec.tables)
     extras: list[Group] = []
     if tables & set(EFFICIENCY_TABLES):
@@ -142,7 +145,7 @@ class GridRun:
         self.fingerprints = {g: fingerprint(g.key, weights[g.checkpoint], data[(g.task, g.label_fraction)].fingerprint,
                                             asdict(self.settings), cfg.max_seq_len) for g in self.runnable}
         self.store = ResultStore(scratch_dir / "results")
-        self.tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json")
+        self.tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json", the_plan.pretrain_run_id)
         self.selections: dict[Group, Selection] = {}
         self.resumed = 0
         self.bar = tqdm(desc=f"finetune {run.name}", unit="trial", disable=not show_progress, dynamic_ncols=True)
@@ -242,9 +245,10 @@ def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir
                 begin = time.perf_counter()
                 grid.run_phase(groups, phase, trainable_fn)
                 seconds[f"phase {phase}"] = time.perf_counter() - begin
+        parents = {g.key: grid.tracker.parents[g.key]["run_id"] for g in grid.selections}
         for group in the_plan.groups:
             if group.key in the_plan.missing:
-                grid.tracker.missing(group, TASKS[group.task], the_plan.missing[group.key])
+                parents[group.key] = grid.tracker.missing(group, TASKS[group.task], the_plan.missing[group.key])
     except BaseException as error:
         grid.bar.close()
         grid.tracker.fail(error)
@@ -252,6 +256,8 @@ def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir
     grid.bar.close()
     shutil.rmtree(scratch_dir, ignore_errors=True)
     summary = summarize(grid.selections, the_plan.missing, time.perf_counter() - started)
+    # Which MLflow runs these numbers are, and of which pretraining run: the report reads only those.
+    summary["mlflow"] = {"pretrain_run_id": the_plan.pretrain_run_id, "parents": dict(sorted(parents.items()))}
     print(f"finetune {run.name}: {summary['trials']} trials ({grid.resumed} from an earlier run) of "
           f"{len(grid.selections)} groups in {summary['seconds']:.0f} s ("
           + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + f"); missing: {', '.join(the_plan.missing) or 'none'}")

@@ -178,6 +178,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                "params_total": count_parameters(objective), "devices": devices,
                "wall_hours": elapsed / 3600, "device_hours": elapsed * devices / 3600}
     if dist.is_main:
+        summary["mlflow_run_id"] = tracker.run_id   # the report matches the workspace's outputs to their run
         # Outputs, then MLflow; the caller clears the scratch last, after its metrics file: a kill anywhere
         # in between resumes from the final checkpoint and redoes only these steps (docs/training.md).
         write_outputs(objective, out_dir, checkpointer, summary, vocab_dir)
