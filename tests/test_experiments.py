@@ -1,6 +1,7 @@
-"""DVC experiments as users run them: `dvc exp run --temp` and `--queue` + `dvc queue start` train in their own
-copy of the project and write nothing into the workspace, and their MLflow runs land in the project's store
-(DVC points DVC_ROOT at the parent repository for them; docs/training.md)."""
+"""DVC as users run it, where it meets our stages: `dvc exp run --temp` and `--queue` + `dvc queue start` train
+in their own copy of the project and write nothing into the workspace, and their MLflow runs land in the
+project's store (DVC points DVC_ROOT at the parent repository for them; docs/training.md); a failed
+`dvc repro` of fine-tuning or the report leaves their previous results in place (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from conftest import mirror_root
 from ops_helpers import make_project
-from project_helpers import BIN, env_for, run
+from project_helpers import BIN, env_for, run, set_param
 from electralab.io import sha256_file
 
 DVC = str(BIN / "dvc")
@@ -75,3 +76,23 @@ def test_temp_and_queued_experiments_run_and_write_only_in_their_own_copy(tmp_pa
     assert sorted((r.data.tags["dvc_exp"], r.data.params["pretrain.steps"], r.info.status) for r in runs) == [
         ("", "8", "FINISHED"), ("queued", "6", "FINISHED"), ("short", "4", "FINISHED")]
     subprocess.run([DVC, "queue", "stop"], cwd=project, env=env, capture_output=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_a_failed_repro_leaves_the_previous_finetuning_result_and_report_in_place(tmp_path):
+    """DVC deletes a stage's outputs before it runs it: a failing fine-tuning used to take its last result
+    (metrics/finetune/<run>.json, in git and in no cache) with it, and a failing report the previous one."""
+    project = make_project(tmp_path / "project")
+    env = env_for(project, mirror_root())
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for args in (["repro", "finetune@mlm"], ["repro", "--single-item", "report"]):
+        proc = run([DVC, *args], project, env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    kept = {p: p.read_bytes() for p in (project / "metrics" / "finetune" / "mlm.json", project / "metrics" / "report.json",
+                                        project / "reports" / "report.md")}
+
+    set_param(project, "presets.tiny.finetune.max_eval_examples", 0)    # out of range: both stages fail
+    for args in (["repro", "finetune@mlm"], ["repro", "--single-item", "report"]):
+        proc = run([DVC, *args], project, env)
+        assert proc.returncode != 0 and "max_eval_examples=0 is out of range" in proc.stdout + proc.stderr
+    assert {p: p.read_bytes() for p in kept} == kept

@@ -92,7 +92,7 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     # The report stage of dvc.yaml: its deps exist, its plots files are the ones written.
     snippet = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     report = snippet["stages"]["report"]
-    assert report["always_changed"] is True and report["outs"] == ["reports"]
+    assert report["always_changed"] is True and report["outs"] == [{"reports": {"persist": True}}]
     assert all((ROOT / d).exists() for d in report["deps"] if not d.startswith("metrics/"))
     for entry in snippet["plots"]:
         if isinstance(entry, str):
