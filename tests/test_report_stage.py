@@ -226,3 +226,24 @@ def test_every_number_comes_from_the_runs_the_workspace_names_not_the_latest(tmp
     assert f"| `mlm` | {short[:8]} | short | 20 |" in report and f"| `mlm` | {base[:8]} |" not in report
     assert "`mlm`: its fine-tuning is of another pretraining run than models/mlm (stale" in report
     assert f"mlm {short[:8]} (short)" in (root / "reports" / "index.html").read_text()
+
+
+def test_a_killed_builds_report_run_is_closed_by_the_next_build(tmp_path):
+    from mlflow import MlflowClient
+
+    from electralab.report.build import fetch_results
+    from electralab.report.track import log_report
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    client.create_experiment("electralab-tiny", artifact_location=(tmp_path / "art").as_uri())
+    results = fetch_results("tiny", uri)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "report.md").write_text("# a report\n")
+    killed = client.create_run(results.experiment_id, tags={"stage": "report", "reports_dir": str(reports.resolve())})
+    elsewhere = client.create_run(results.experiment_id, tags={"stage": "report", "reports_dir": str(tmp_path / "x")})
+    built = log_report(results, reports, {})
+    assert client.get_run(killed.info.run_id).info.status == "KILLED"
+    assert client.get_run(elsewhere.info.run_id).info.status == "RUNNING"     # another directory's build
+    assert client.get_run(built).info.status == "FINISHED"

@@ -149,17 +149,20 @@ def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
 
 
 def _missing(parents: pd.DataFrame) -> pd.DataFrame:
-    """The groups a fine-tuning stage recorded as missing (its `missing` tag says why)."""
+    """The groups whose latest fine-tuning recorded them as missing (its `missing` tag says why)."""
     if parents.empty or "tags.missing" not in parents:
         return pd.DataFrame(columns=["run", "task", "reason"])
+    parents = _latest_finished(parents.assign(run=_tag(parents, "run", ""), task=_tag(parents, "task", ""),
+                                              checkpoint=_tag(parents, "checkpoint", FINAL),
+                                              label_fraction=_tag(parents, "label_fraction", "1.0")),
+                               ["run", "task", "checkpoint", "label_fraction"])
     found = parents[parents["tags.missing"].fillna("") != ""]
-    return pd.DataFrame({"run": _tag(found, "run", ""), "task": _tag(found, "task", ""),
-                         "reason": found["tags.missing"]}).reset_index(drop=True)
+    return pd.DataFrame({"run": found["run"], "task": found["task"], "reason": found["tags.missing"]}).reset_index(drop=True)
 
 
 def _pretrain_runs(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
-        return pd.DataFrame(columns=["run", "method", "run_id", "steps"])
+        return pd.DataFrame(columns=["run", "method", "run_id", "steps", "dvc_exp"])
     runs = _latest_finished(runs.assign(run=_tag(runs, "run", "")), ["run"])
     out = pd.DataFrame({"run": runs["run"], "method": _tag(runs, "method", ""), "run_id": runs["run_id"],
                         "steps": pd.to_numeric(runs.get("params.pretrain.steps"), errors="coerce"),
@@ -183,8 +186,7 @@ def fetch_results(preset: str, tracking_uri: str | None = None, state: Workspace
         stale = sorted(run for run, f in state.finetune.items() if f.get("pretrain_run_id") != state.pretrain.get(run))
         keep = {pid for run, f in state.finetune.items() if run not in stale for pid in f.get("parents", {}).values()}
         parents = parents[parents["run_id"].isin(keep)] if not parents.empty else parents
-    finished = parents[parents["status"] == "FINISHED"] if not parents.empty else parents
-    return Results(preset, uri, experiment, _finetune_cells(parents), _pretrain_runs(pretrain), _missing(finished),
+    return Results(preset, uri, experiment, _finetune_cells(parents), _pretrain_runs(pretrain), _missing(parents),
                    stale)
 
 
