@@ -2,8 +2,9 @@
 
     python stages/report.py            # what `dvc repro report` runs (the last stage of dvc.yaml)
 
-Reads MLflow (the preset's experiment `electralab-<preset>`; docs/tracking.md) and, for COCO-LM
-Fig. 1/5 only, STS-B dev and the corpus mirror under $ELECTRALAB_DATA. Writes reports/ (one atomic
+Reads MLflow (the preset's experiment `electralab-<preset>`; docs/tracking.md): only the runs that
+metrics/pretrain/<run>.json and metrics/finetune/<run>.json name (the workspace's own outputs); and, for
+COCO-LM Fig. 1/5 only, STS-B dev and the corpus mirror under $ELECTRALAB_DATA. Writes reports/ (one atomic
 directory: index.html, report.md, tables/, figures/, plots/) and metrics/report.json, then logs the
 directory to MLflow as a `stage=report` run. docs/reproducing.md explains how to read it.
 """
@@ -17,6 +18,7 @@ from electralab.config import Params, Preset
 from electralab.env import data_root, repo_root
 from electralab.io import write_json
 from electralab.report import Sources, build_report
+from electralab.report.build import workspace_state
 from electralab.report.track import log_report
 
 
@@ -43,7 +45,11 @@ def main(params: Params, args=None) -> None:
                       corpus_files=tuple(f for f in corpus if f.exists()))
     root = repo_root()
     out = root / "reports"
-    built = build_report(params.preset, out, sources=sources, runs=params.runs)
+    # The runs this workspace's outputs are (their metrics files record them): not the latest of each name,
+    # which may be another experiment's. A workspace whose stages never recorded one reads the latest.
+    state = workspace_state(root / "metrics")
+    built = build_report(params.preset, out, sources=sources, runs=params.runs,
+                         state=state if state.pretrain or state.finetune else None)
     write_json(root / "metrics" / "report.json", built["metrics"])
     run_id = log_report(built["results"], out, built["tables"])
     filled = sum(c["filled"] for c in built["metrics"]["cells"].values())

@@ -86,6 +86,6 @@ def shrink(project: Path, preset: str = "tiny", **pretrain) -> None:
     target = params["presets"][preset]
     for section, values in MINI.items():
         target[section].update(values)
-    target["budgets"] = {}   # one budget: the ablation runs are as short as the rest
+    target["budgets"] = {"ablation": {}}   # the ablation budget as short as the main one
     target["pretrain"].update(pretrain)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -53,6 +53,11 @@ def test_params_yaml_loads_every_preset():
     ("presets.tiny.corpus.sources", [], "presets.tiny.corpus: unknown key 'sources'"),
     ("presets.tiny.shards.static_masking.duplication", -1,
      "presets.tiny.shards.static_masking.duplication=-1 is out of range"),
+    ("presets.tiny.pretrain.adam_betas", [1.5, 2.0],
+     "presets.tiny.pretrain.adam_betas=[1.5, 2.0]: betas must be in [0, 1)"),
+    ("presets.tiny.pretrain.checkpoint_fractions", [1.5, -1],
+     "presets.tiny.pretrain.checkpoint_fractions=[1.5, -1.0]: fractions of training must be in (0, 1]"),
+    ("presets.tiny.pretrain.checkpoint_fractions", [0.5, 0.5], "checkpoint_fractions=[0.5, 0.5] repeats a value"),
 ])
 def test_bad_data_settings_name_key_and_value(raw, dotted, value, expected):
     with pytest.raises(ConfigError) as e:
@@ -83,7 +88,7 @@ def test_a_runs_budget_picks_its_schedule_and_every_table_compares_at_one_budget
     assert runs["cocolm_ablation"].pretrain.steps == ablation["steps"] < tiny.pretrain.steps
     assert runs["cocolm_rtd_only"].pretrain == runs["cocolm_ablation"].pretrain
     guard = runs["cocolm_ablation"].pretrain.guard   # nested overrides merge key by key
-    assert guard.every == ablation["guard"]["every"] and guard.after == tiny.pretrain.guard.after
+    assert guard.every == ablation["guard"]["every"] and guard.batches == tiny.pretrain.guard.batches
     for key, spec in TABLES.items():
         budgets = {runs[r].spec.budget for r in spec.runs() if r != CONTROL_RUN}
         assert len(budgets) == 1, (key, budgets)
@@ -92,3 +97,33 @@ def test_a_runs_budget_picks_its_schedule_and_every_table_compares_at_one_budget
         resolve_all(parse_params(with_change(raw, "runs.cocolm_rtd_only.budget", "ablaton")))
     with pytest.raises(ConfigError, match=r"presets.tiny.budgets.ablation.steps=0 is out of range"):
         parse_params(with_change(raw, "presets.tiny.budgets.ablation.steps", 0))
+
+
+@pytest.mark.parametrize("section, key", [("pretrain", "steps"), ("vocab", "size"), ("model", "layers")])
+def test_a_preset_without_a_scale_key_is_refused_not_given_the_base_default(raw, section, key):
+    broken = copy.deepcopy(raw)
+    del broken["presets"]["small"][section][key]     # not the active preset: every preset is checked
+    with pytest.raises(ConfigError, match=rf"presets\.small\.{section}\.{key}: missing; every preset sets it"):
+        parse_params(broken)
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    lines = (ROOT / "params.yaml").read_text(encoding="utf-8").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("      steps: "))   # the tiny preset's
+    lines.insert(at + 1, "      steps: 7   # pasted twice")
+    path = tmp_path / "params.yaml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"params\.yaml: key 'steps' appears twice in one mapping "
+                                          rf"\(lines {at + 1} and {at + 2}\); keep one"):
+        load_params(path)
+
+
+def test_runs_that_read_each_other_are_a_cycle_not_a_recursion(raw):
+    from electralab.runs import resolve_all
+
+    looped = copy.deepcopy(raw)
+    looped["runs"]["mlm"]["reads"] = "models/electra"
+    looped["runs"]["electra"]["reads"] = "models/mlm/encoder"
+    with pytest.raises(ConfigError, match=r"runs\.mlm\.reads: the runs read each other's output in a cycle "
+                                          r"\(mlm -> electra -> mlm\)"):
+        resolve_all(parse_params(looped))

@@ -101,6 +101,25 @@ def test_a_flow_with_a_bad_preset_table_or_run_fails_in_prefect_before_any_work(
     assert ((project / "dvc.yaml").stat().st_mtime_ns, sorted(p.name for p in project.iterdir())) == before
 
 
+def test_a_flow_run_cannot_be_pointed_at_another_directory(tmp_path, prefect_api):
+    """A deployment's `project` parameter reaches the flow from anyone who can reach the Prefect API: it must
+    not run `dvc repro` in an arbitrary directory, only in the flow's own project or one the serving process
+    lists in $ELECTRALAB_PROJECTS."""
+    project, other = make_project(tmp_path / "project"), make_project(tmp_path / "other")
+    env = flow_env(project, prefect_api, tmp_path / "mlflow.db")
+    before = sorted(p.name for p in other.iterdir())
+    proc = flow(project, env, "--project", str(other), "--runs", "mlm")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"error: project '{other}' is not this flow's project ({project}) nor listed in $ELECTRALAB_PROJECTS" \
+        in proc.stderr
+    flow_run = flow_run_named(prefect_api, "params.yaml: mlm")
+    assert flow_run["state_type"] == "FAILED" and task_runs(prefect_api, flow_run["id"]) == []
+    assert sorted(p.name for p in other.iterdir()) == before                # nothing ran there
+    listed = flow(project, {**env, "ELECTRALAB_PROJECTS": str(other)}, "--project", str(other), "--runs", "mlm",
+                  "--targets")
+    assert listed.returncode == 0 and listed.stdout.split() == ["corpus", "shards", "pretrain@mlm", "finetune@mlm"]
+
+
 # ---- failures propagate -----------------------------------------------------------------------------
 
 def test_the_corpus_stage_retries_unless_it_reported_bad_input():

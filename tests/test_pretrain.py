@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -174,6 +175,130 @@ def test_sigkill_then_rerun_gives_the_weights_of_an_uninterrupted_run(project, t
     for r in finished:
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "loss")]
         assert max(steps) == 8
+
+
+# ---- kills at every point of a checkpoint write and of the end of training ---------------------------------
+
+@pytest.fixture(scope="module")
+def reference(project, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The encoder of an uninterrupted `mlm` run (8 steps, checkpoints every 2, fractions 0.5 and 1.0)."""
+    env = mlflow_env(project, tmp_path_factory.mktemp("reference") / "mlflow.db")
+    proc = run([sys.executable, "stages/pretrain.py", "mlm"], project, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return weights(project / "models" / "mlm" / "encoder" / "weights.pt")
+
+
+def kill_then_rerun(project: Path, env: dict, point: str, nth: int, corrupt=None) -> subprocess.CompletedProcess:
+    """A fresh `mlm` run SIGKILLed the nth time it reaches `point` (tests/fault_injection.py), `corrupt`
+    applied to its scratch directory, then run again as a user would."""
+    shutil.rmtree(project / "models" / "mlm", ignore_errors=True)
+    shutil.rmtree(project / "checkpoints", ignore_errors=True)
+    (project / "metrics" / "pretrain" / "mlm.json").unlink(missing_ok=True)
+    killed = run([sys.executable, str(ROOT / "tests" / "fault_injection.py"), point, str(nth), "stages/pretrain.py",
+                  "mlm"], project, env)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    if corrupt:
+        corrupt(project / "checkpoints" / "mlm")
+    rerun = run([sys.executable, "stages/pretrain.py", "mlm"], project, env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    return rerun
+
+
+def assert_resumed_exactly(project: Path, db: Path, reference: dict, redone: int) -> None:
+    """The weights of an uninterrupted run, every fraction, one MLflow run FINISHED (any other KILLED, none
+    RUNNING) whose loss history repeats at most `redone` steps (the work since the last checkpoint)."""
+    got = weights(project / "models" / "mlm" / "encoder" / "weights.pt")
+    assert got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in reference)
+    assert sorted(p.name for p in (project / "models" / "mlm" / "fractions").iterdir()) == ["050", "100"]
+    metrics = json.loads((project / "metrics" / "pretrain" / "mlm.json").read_text())
+    assert metrics["steps"] == 8 and not (project / "checkpoints" / "mlm").exists()
+    client = mlflow_client(db)
+    experiment = client.get_experiment_by_name("electralab-tiny").experiment_id
+    runs = client.search_runs([experiment], "tags.run = 'mlm'")
+    assert sorted(r.info.status for r in runs if r.info.status != "KILLED") == ["FINISHED"], \
+        [(r.info.status, r.data.tags.get("error")) for r in runs]
+    finished = next(r for r in runs if r.info.status == "FINISHED")
+    assert metrics["mlflow_run_id"] == finished.info.run_id   # the report finds the workspace's run by it
+    steps = [m.step for m in client.get_metric_history(finished.info.run_id, "loss")]
+    assert sorted(set(steps)) == list(range(1, 9)) and len(steps) - 8 <= redone, steps
+    assert finished.data.metrics["final_flops_per_step"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point, nth, redone", [
+    ("ckpt-partial", 1, 8),     # inside the first checkpoint write: nothing to resume, the MLflow run is closed
+    ("ckpt-partial", 2, 2),     # half of the step-4 checkpoint written
+    ("ckpt-synced", 2, 2),      # the step-4 checkpoint complete on disk, not yet trusted
+    ("ckpt-rotating", 3, 2),    # state.pt moved to state.prev.pt, the step-6 one not yet in its place
+    ("ckpt-saved", 2, 0),       # right after the step-4 checkpoint, before the 50% fraction of the same step
+    ("outputs-written", 1, 0),  # the end: models/mlm in place, MLflow not told
+    ("finishing", 1, 0),        # artifacts uploaded, the run not yet FINISHED
+    ("finished", 1, 0),         # FINISHED, no metrics file yet
+    ("metrics-written", 1, 0),  # everything written, the scratch not yet cleared
+])
+def test_a_kill_at_any_point_loses_at_most_the_steps_since_the_last_checkpoint(project, reference, tmp_path, point,
+                                                                               nth, redone):
+    db = tmp_path / "mlflow.db"
+    kill_then_rerun(project, mlflow_env(project, db), point, nth)
+    assert_resumed_exactly(project, db, reference, redone)
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", [truncate, flip_a_byte])
+def test_a_corrupt_latest_checkpoint_is_set_aside_and_the_previous_one_resumed(project, reference, tmp_path, damage):
+    db = tmp_path / "mlflow.db"
+    rerun = kill_then_rerun(project, mlflow_env(project, db), "ckpt-saved", 3,   # state.pt: step 6, prev: step 4
+                            corrupt=lambda scratch: damage(scratch / "state.pt"))
+    assert f"warning: checkpoint {project / 'checkpoints' / 'mlm' / 'state.pt'} is corrupt" in rerun.stderr
+    aside = list((project / "checkpoints").glob("mlm.state.pt.corrupt-*"))
+    assert len(aside) == 1 and aside[0].name in rerun.stderr
+    assert_resumed_exactly(project, db, reference, redone=2)    # steps 5 and 6 again
+
+
+@pytest.mark.slow
+def test_two_stages_starting_together_on_a_fresh_mlflow_store(project, tmp_path):
+    """MLflow's schema creation races when two processes create one SQLite store (`duplicate column name`):
+    the store is created once, under a lock, before a stage uses it."""
+    env = mlflow_env(project, tmp_path / "fresh" / "mlflow.db")
+    (tmp_path / "fresh").mkdir()
+    procs = [subprocess.Popen([sys.executable, "stages/pretrain.py", name], cwd=project, env=env, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name in ("mlm", "electra")]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for e in errors]
+    client = mlflow_client(tmp_path / "fresh" / "mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("electralab-tiny").experiment_id])
+    assert sorted(r.data.tags["run"] for r in runs) == ["electra", "mlm"]
+
+
+@pytest.mark.slow
+def test_a_second_direct_run_of_a_running_stage_stops_at_once_naming_the_first(project, tmp_path):
+    env = mlflow_env(project, tmp_path / "mlflow.db")
+    longer = yaml.safe_load((project / "params.yaml").read_text())
+    longer["presets"]["tiny"]["pretrain"]["steps"] = 200
+    (tmp_path / "longer.yaml").write_text(yaml.safe_dump(longer))
+    shutil.rmtree(project / "checkpoints", ignore_errors=True)
+    first = subprocess.Popen([sys.executable, "stages/pretrain.py", "--params", str(tmp_path / "longer.yaml"), "mlm"],
+                             cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (project / "checkpoints" / "mlm" / "mlflow.json").exists():   # training: inside the lock
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-3000:]
+        time.sleep(0.05)
+    second = run([sys.executable, "stages/pretrain.py", "mlm"], project, env)
+    assert first.poll() is None, "the first run ended before the second started: make it longer"
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
+    assert f"error: stage pretrain@mlm is already running in {project} (pid {first.pid}" in second.stderr
+    assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
+    assert json.loads((project / "metrics" / "pretrain" / "mlm.json").read_text())["steps"] == 200
 
 
 def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp_path):

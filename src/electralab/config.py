@@ -224,6 +224,15 @@ class PretrainConfig:
     checkpoint_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
     guard: GuardConfig = field(default_factory=GuardConfig)
 
+    def check(self, where: str) -> None:
+        if any(not 0 <= b < 1 for b in self.adam_betas):
+            raise ConfigError(f"{where}.adam_betas={list(self.adam_betas)}: betas must be in [0, 1)")
+        if any(not 0 < f <= 1 for f in self.checkpoint_fractions):
+            raise ConfigError(f"{where}.checkpoint_fractions={list(self.checkpoint_fractions)}: fractions of "
+                              f"training must be in (0, 1]")
+        if len(set(self.checkpoint_fractions)) != len(self.checkpoint_fractions):
+            raise ConfigError(f"{where}.checkpoint_fractions={list(self.checkpoint_fractions)} repeats a value")
+
 
 FINETUNE_TASKS = ("mnli", "qqp", "qnli", "sst2", "cola", "rte", "mrpc", "stsb", "squad2")
 
@@ -520,6 +529,24 @@ class Params:
 
 TOP_LEVEL = ("preset", "presets", "methods", "runs")
 
+# Keys every preset sets itself: their defaults are the base setting, so a preset that lost one (a deleted
+# line) would silently train at another scale (125,000 steps on a laptop).
+REQUIRED_PRESET_KEYS = {
+    "vocab": ("size",),
+    "shards": ("seq_len",),
+    "model": ("hidden", "layers", "heads", "ffn", "embedding"),
+    "pretrain": ("steps", "batch_size", "micro_batch_size", "lr", "warmup_steps", "checkpoint_every"),
+}
+
+
+def _check_required(name: str, preset: Any) -> None:
+    for section, keys in REQUIRED_PRESET_KEYS.items():
+        values = preset.get(section) if isinstance(preset, dict) else None
+        for key in keys:
+            if not isinstance(values, dict) or key not in values:
+                raise ConfigError(f"presets.{name}.{section}.{key}: missing; every preset sets it (its default is "
+                                  f"the base setting, not this preset's)")
+
 
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     if not isinstance(raw, dict):
@@ -538,6 +565,8 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         raise ConfigError(f"{source}: unknown preset presets.{unknown[0]} (allowed: {', '.join(PRESETS)})")
     if preset not in presets_raw:
         raise ConfigError(f"{source}: preset={preset!r} has no settings under presets.{preset}")
+    for name, value in presets_raw.items():
+        _check_required(name, value)
     presets = {name: build(Preset, value, f"presets.{name}") for name, value in presets_raw.items()}
     for key in ("methods", "runs"):
         if not isinstance(raw.get(key) or {}, dict):
@@ -553,10 +582,27 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file (run from the project root, or pass --params)") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     return parse_params(raw, str(path))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last one silently,
+    DVC refuses the file, so a direct stage run would train with a value `dvc repro` never sees."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"key {key!r} appears twice in one mapping (lines {seen[key] + 1} and "
+                                  f"{key_node.start_mark.line + 1}); keep one")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 def to_dict(obj: Any) -> Any:

@@ -120,6 +120,13 @@ def resolve_all(params: Params) -> dict[str, ResolvedRun]:
             if producer_of(reads) not in runs or producer_of(reads) == name:
                 raise ConfigError(f"runs.{name}.reads={reads!r} is not the output of a run in the registry "
                                   f"(use models/<run>[/...] or metrics/pretrain/<run>.json)")
+    for name in runs:   # a run must not need its own output, through other runs either
+        chain = [name]
+        while (producer := producer_of(runs[chain[-1]].spec.reads)) in runs:
+            if producer in chain:
+                raise ConfigError(f"runs.{name}.reads: the runs read each other's output in a cycle "
+                                  f"({' -> '.join([*chain[chain.index(producer):], producer])}); no order can train them")
+            chain.append(producer)
     return runs
 
 

@@ -1,7 +1,8 @@
 """MLflow tracking contracts (DESIGN.md):
 
 * Tracking URI: $MLFLOW_TRACKING_URI when set, else an absolute sqlite:///<project root>/mlflow.db
-  (anchored on DVC_ROOT under DVC: relative paths break inside Ray workers and DVC temp experiments);
+  (anchored on DVC_ROOT under DVC, the parent repository for a temp or queued experiment, whose copy is
+  deleted when it ends; relative paths break inside Ray workers);
   artifacts under <project root>/mlartifacts.
 * One experiment per preset ("electralab-<preset>"). Tags on every run: run, method, tables, preset,
   git_sha, dvc_exp, seed (+ stage: pretrain | finetune | report).
@@ -9,26 +10,49 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
+from pathlib import Path
 from typing import Any, Iterable
 
-from electralab.env import repo_root
+from electralab.env import repo_root, store_root
 
 EXPERIMENT_PREFIX = "electralab-"
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store_root() / 'mlflow.db'}"
 
 
 def experiment_name(preset: str) -> str:
     return f"{EXPERIMENT_PREFIX}{preset}"
 
 
+_OPENED: set[str] = set()
+
+
+def open_store(uri: str) -> None:
+    """Create a SQLite store once, under a lock beside it, before anything uses it: two processes creating
+    one store race in MLflow's schema migrations (`duplicate column name: step`), so two stages starting
+    together on a fresh store crashed. An existing store passes through in milliseconds; a server needs
+    nothing."""
+    if uri in _OPENED or not uri.startswith("sqlite:///"):
+        return
+    from mlflow import MlflowClient
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{db}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file is closed (or the process dies)
+        MlflowClient(uri).search_experiments(max_results=1)   # creates and migrates the schema
+    _OPENED.add(uri)
+
+
 def _mlflow():
     import mlflow  # imported lazily: start-up time matters for small stages and tests
 
+    open_store(tracking_uri())
     mlflow.set_tracking_uri(tracking_uri())
     return mlflow
 
@@ -42,7 +66,7 @@ def ensure_experiment(preset: str) -> str:
         return found.experiment_id
     location = None
     if tracking_uri().startswith("sqlite:"):
-        location = (repo_root() / "mlartifacts" / name).as_uri()
+        location = (store_root() / "mlartifacts" / name).as_uri()
     try:
         return mlflow.create_experiment(name, artifact_location=location)
     except Exception:  # created concurrently by another process (parallel stages)
@@ -95,6 +119,22 @@ def start_run(*, preset: str, run_name: str, tags: dict[str, str], run_id: str |
         return mlflow.start_run(run_id=run_id, log_system_metrics=system_metrics)
     return mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags, nested=nested,
                             log_system_metrics=system_metrics)
+
+
+def close_orphan(run_id: str, why: str) -> None:
+    """Mark the RUNNING run of a killed process KILLED, saying why (a run already closed, or deleted from
+    the store meanwhile, is left as it is)."""
+    from mlflow import MlflowClient
+
+    open_store(tracking_uri())
+    client = MlflowClient(tracking_uri())
+    try:
+        if client.get_run(run_id).info.status != "RUNNING":
+            return
+    except Exception:   # not in this store (deleted, or another store)
+        return
+    client.set_tag(run_id, "error", why)
+    client.set_terminated(run_id, "KILLED")
 
 
 def mlflow_module():

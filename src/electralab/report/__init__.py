@@ -31,8 +31,8 @@ import pandas as pd
 from electralab import tracking
 from electralab.io import atomic_dir
 from electralab.report import figures as F
-from electralab.report.build import (BuiltTable, Results, build_tables, cell_lookup, check_preset, check_specs,
-                                     fetch_results, glue_average, metric_history)
+from electralab.report.build import (BuiltTable, Results, WorkspaceState, build_tables, cell_lookup, check_preset,
+                                     check_specs, fetch_results, glue_average, metric_history)
 from electralab.report.claims import check_claims
 from electralab.report.render import claims_html, claims_markdown, page_html, table_html, to_csv, to_markdown
 from electralab.report.specs import SQUAD2, TABLES
@@ -166,17 +166,37 @@ def summary_metrics(results: Results, tables: dict[str, BuiltTable], claims: pd.
     return out
 
 
+def provenance(results: Results, state: WorkspaceState | None) -> list[str]:
+    """Where the numbers come from (Markdown lines): the pretraining runs and their DVC experiments, the runs
+    left out because their fine-tuning is of another pretraining run, the tasks that could not run and why."""
+    where = ("the runs this workspace's metrics/pretrain and metrics/finetune files name" if state is not None
+             else "the latest finished run of each name (no workspace state given)")
+    out = [f"Numbers come from {where}.", "", "| run | MLflow run | DVC experiment | steps |", "|---|---|---|---|"]
+    for r in results.pretrain.sort_values("run").itertuples():
+        steps = "" if pd.isna(r.steps) else f"{r.steps:.0f}"
+        out.append(f"| `{r.run}` | {r.run_id[:8]} | {r.dvc_exp or 'workspace'} | {steps} |")
+    for run in results.stale:
+        out.append(f"\n`{run}`: its fine-tuning is of another pretraining run than models/{run} (stale; "
+                   f"dvc repro finetune@{run}), so its fine-tuning cells are left empty.")
+    if len(results.missing):
+        out += ["", "Could not run (fine-tuning recorded them as missing):", ""]
+        out += [f"- `{m.run}` {m.task}: {m.reason}" for m in results.missing.sort_values(["run", "task"]).itertuples()]
+    return out
+
+
 def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = None, *,
-                 sources: Sources | None = None, runs: Iterable[str] | None = None) -> dict:
+                 sources: Sources | None = None, runs: Iterable[str] | None = None,
+                 state: WorkspaceState | None = None) -> dict:
     """Build every table and figure of `preset` from MLflow into out_dir (replaced atomically).
 
     runs: the run names of params.yaml's registry, to check that every table names existing runs.
+    state: the MLflow runs the workspace's outputs name (build.workspace_state): only those are read.
     Returns {"preset", "tables": {key: BuiltTable}, "figures": {key: png path}, "metrics": {...}}."""
     check_preset(preset)
     if runs is not None:
         check_specs(runs)
     sources = sources or Sources()
-    results = fetch_results(preset, tracking_uri)
+    results = fetch_results(preset, tracking_uri, state)
     tables = build_tables(results)
     claims = {key: check_claims(table.spec, results) for key, table in tables.items()}
     out_dir = Path(out_dir)
@@ -207,8 +227,14 @@ def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = No
         for failure in results.failed.itertuples():   # a broken run is named, never a table cell
             intro.append(f"Not in any table: run {failure.run}, whose pretraining failed ({failure.error}).")
         links = "\n\n".join(f"![{key}](figures/{stem(key)}.png)" for key in figure_paths)
-        (tmp / "report.md").write_text(f"# {title}\n\n" + "\n\n".join(intro) + "\n\n" + "\n".join(markdown)
+        origin = provenance(results, state)
+        (tmp / "report.md").write_text(f"# {title}\n\n" + "\n\n".join(intro) + "\n\n## Where the numbers come "
+                                       "from\n\n" + "\n".join(origin) + "\n\n" + "\n".join(markdown)
                                        + f"\n## Figures\n\n{links}\n", encoding="utf-8")
+        runs_line = "; ".join(f"{r.run} {r.run_id[:8]} ({r.dvc_exp or 'workspace'})"
+                              for r in results.pretrain.sort_values("run").itertuples())
+        intro = [*intro, *(line.replace("`", "").strip() for line in origin if line.strip() and not line.startswith("|")),
+                 f"Pretraining runs (MLflow run, DVC experiment): {runs_line or 'none'}"]
         pngs = {key: tmp / "figures" / f"{stem(key)}.png" for key in figure_paths}
         tables_html = [table_html(t, sources.note) + claims_html(claims[k]) for k, t in tables.items()]
         (tmp / "index.html").write_text(page_html(title, intro, tables_html, pngs), encoding="utf-8")

@@ -17,7 +17,7 @@ import pandas as pd
 from electralab.report.build import BuiltTable
 
 LEGEND = ("Cell: our median ±std over the fine-tuning seeds / the published value (ours − published); "
-          "— = not available. Reference rows (run \"reference\") are published baselines we do not train.")
+          "— = not available; failed = fine-tuned, but the model diverged (no number). Reference rows (run \"reference\") are published baselines we do not train.")
 
 
 def number(x: float, decimals: int, sign: bool = False) -> str:
@@ -31,7 +31,8 @@ def _is_difference(table: BuiltTable, row: str) -> bool:
 
 
 def cell_text(line: pd.Series, decimals: int, difference: bool = False) -> str:
-    ours = number(line["ours"], decimals, sign=difference)
+    # failed: every configuration's median was not a number (the model diverged), which is not "not run"
+    ours = "failed" if line.get("failed", False) else number(line["ours"], decimals, sign=difference)
     if not math.isnan(line["std"]):
         ours += f" ±{number(line['std'], decimals)}"
     published = number(line["published"], decimals, sign=difference)

@@ -16,9 +16,13 @@ class Tracker:
         self.run_id = run_id
 
     @classmethod
-    def start(cls, run: ResolvedRun, resume_id: str | None = None) -> "Tracker":
-        """A new MLflow run, or the interrupted one again when resuming (one MLflow run per run)."""
+    def start(cls, run: ResolvedRun, resume_id: str | None = None, orphan_id: str | None = None) -> "Tracker":
+        """A new MLflow run, or the interrupted one again when resuming (one MLflow run per run).
+        `orphan_id`: the run of an attempt killed before it left a checkpoint to resume; it is closed as
+        KILLED rather than left RUNNING forever."""
         mlflow = tracking.mlflow_module()
+        if orphan_id and orphan_id != resume_id:
+            tracking.close_orphan(orphan_id, "killed before its first checkpoint; the run restarted from step 0")
         tags = tracking.run_tags(run=run.name, method=run.method, tables=run.spec.tables, preset=run.preset,
                                  seed=run.seed, stage="pretrain")
         active = tracking.start_run(preset=run.preset, run_name=run.name, tags=tags, run_id=resume_id,
