@@ -509,3 +509,28 @@ def test_huggingface_export_matches_our_encoder_and_relative_configs_use_our_for
     save_encoder(encoder, tmp_path / "ours")
     with torch.no_grad():
         assert torch.equal(load_encoder(tmp_path / "ours").eval()(ids)[-1], encoder(ids)[-1])
+
+
+def test_the_control_exports_the_encoder_every_method_starts_from_and_takes_no_step(project, tmp_path, tracking):
+    """runs.control (method none): the main encoder exactly as initialised, no training, a finished MLflow run."""
+    from electralab.export import load_encoder
+    from electralab.model.encoder import Encoder, make_token_embedding
+    from electralab.train.loop import pretrain
+
+    control = resolved(project, "control")
+    summary = pretrain(control, project / "data" / "shards", tmp_path / "out", tmp_path / "scratch", show_progress=False)
+    assert summary["steps"] == 0 and summary["tokens"] == 0 and "loss" not in summary
+    exported = load_encoder(tmp_path / "out" / "encoder")
+    torch.manual_seed(control.seed)   # what every objective's main encoder is at step 0
+    vocab = exported.embeddings.tokens.num_embeddings
+    fresh = Encoder(control.model, make_token_embedding(vocab, control.model.embedding, control.model.initializer_range))
+    assert exported.cfg == control.model
+    assert all(torch.equal(a, b) for a, b in zip(exported.state_dict().values(), fresh.state_dict().values()))
+    mlm = resolved(project, "mlm")
+    torch.manual_seed(mlm.seed)
+    from electralab.objectives import build_objective
+
+    start = build_objective("mlm", mlm.settings, mlm.model, mlm.generators, vocab).main_encoder()
+    assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), fresh.state_dict().values()))
+    run_ = only_run(mlflow_client(tracking), "control")
+    assert run_.info.status == "FINISHED" and run_.data.tags["method"] == "none"

@@ -186,7 +186,8 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                                    "flops_per_step": flops_per_step,
                                    "mlflow_run_id": tracker.run_id if tracker else None})
         # Fine-tuning would drop a missing point of the efficiency curves without a word: refuse instead.
-        if dist.is_main and (missing := checkpointer.missing_fractions(cfg.checkpoint_fractions)):
+        # (The no-pretraining control has no training to take fractions of.)
+        if dist.is_main and objective.trains and (missing := checkpointer.missing_fractions(cfg.checkpoint_fractions)):
             raise DataError(f"run {run.name}: the fraction checkpoints {', '.join(missing)} are missing from "
                             f"{checkpointer.directory / 'fractions'} (a scratch of an earlier version, or edited); "
                             f"delete {checkpointer.directory} to train the run again")
