@@ -437,9 +437,9 @@ def run_method(method: str, preset, settings, shards: Path, schedule: Schedule, 
     first = next(iter(PretrainLoader(shards, "train", micro_batch_size=batch_size, seed=schedule.seed,
                                      masking=settings.masking)))
     initial = initial_outputs(ours, peer, first, schedule.seed)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     curves = train_side_by_side(ours, peer, iter(loader), schedule, probe=probe, probe_every=PROBE_EVERY)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     extra = {}
     if twins:   # ours against ours with other sampler random numbers: how far sampling alone moves the curves
         loader = PretrainLoader(shards, "train", micro_batch_size=batch_size, seed=schedule.seed,
@@ -447,7 +447,7 @@ def run_method(method: str, preset, settings, shards: Path, schedule: Schedule, 
         floor = train_side_by_side(*twins, iter(loader), schedule, peer_seed=schedule.seed + 1)
         extra["noise_floor"] = {k: deviation(floor, k) for k in PARTS[method]}
     return {"initial": initial, "initial_max_relative": first_forward_deviation(initial, method),
-            **compare(curves, method), **extra, "seconds": seconds,
+            **compare(curves, method), **extra, "seconds": seconds, "cpu_seconds": cpu_seconds,
             "peer": peer_name(peer), "curves": curves}
 
 
@@ -459,9 +459,9 @@ def peer_name(peer: nn.Module) -> str:
 def report(method: str, result: dict, steps: int) -> None:
     c, parts = result["curves"], PARTS[method]
     step_s = {side: np.median(c[side]["step_s"]) for side in c}
-    print(f"\n{method}: peer {result['peer']}, {result['seconds']:.0f} s (median step: ours "
-          f"{step_s['electralab']:.3f} s, transformers {step_s['transformers']:.3f} s), first forward max rel. "
-          f"diff {result['initial_max_relative']:.1e}")
+    print(f"\n{method}: peer {result['peer']}, {result['seconds']:.0f} s, {result['cpu_seconds']:.0f} CPU-s (median "
+          f"step: ours {step_s['electralab']:.3f} s, transformers {step_s['transformers']:.3f} s), first forward "
+          f"max rel. diff {result['initial_max_relative']:.1e}")
     print(f"{'step':>6}" + "".join(f"{p + ' ours':>14}{p + ' hf':>14}" for p in parts))
     for s in checkpoints(steps):
         print(f"{s:>6}" + "".join(f"{c['electralab'][p][s - 1]:>14.5f}{c['transformers'][p][s - 1]:>14.5f}"
