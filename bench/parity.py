@@ -2,7 +2,7 @@
 ElectraForPreTraining and BertForMaskedLM, from identical weights on identical batches.
 
     python bench/parity.py                              # the active preset's shape, 300 steps, ELECTRA and MLM
-    python bench/parity.py --methods electra --lr 2e-4 --warmup-steps 50 --steps 600
+    python bench/parity.py --methods electra --lr 2e-4 --noise-floor   # + ours vs ours, other sampler numbers
     python bench/parity.py --shards data/shards         # reuse shards the pipeline built (same vocabulary)
 
 Both sides: the active preset's model and ELECTRA generator (params.yaml), with absolute positions only
@@ -15,7 +15,7 @@ norm and linear schedule, fp32. ELECTRA's replaced tokens: each side draws them 
 logits with the same function (electralab.objectives.common.sample, one uniform per masked position)
 after the global RNG is seeded with the same value, so they agree as long as the two generators agree.
 
-Printed and written to bench/out/parity_<preset>.json: the losses (total, generator, RTD) of both sides at
+Printed and written to bench/out/parity_<preset>_lr<lr>_w<warm-up>_s<steps>.json: the losses (total, generator, RTD) of both sides at
 checkpoints, their largest relative deviation per step and on a moving average against TOLERANCE, and
 held-out collapse diagnostics of both (final-layer token cosine, RTD accuracy on replaced tokens).
 tests/test_parity.py runs the same functions at MINI size. docs/training.md, "Parity with transformers".

@@ -1,5 +1,5 @@
 """Parity with transformers at MINI size: from identical weights (our Hugging Face export mapping) on
-identical real batches, our ELECTRA and MLM give the same first losses as transformers' ELECTRA pair /
+identical real batches, our ELECTRA and MLM give the same first outputs as transformers' ELECTRA pair /
 BertForMaskedLM and follow their loss curves within bench/parity.py's TOLERANCE; a wrong mapping or a
 different learning rate is caught. The bench at the default shape: bench/parity.py."""
 
