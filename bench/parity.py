@@ -15,9 +15,10 @@ norm and linear schedule, fp32. ELECTRA's replaced tokens: each side draws them 
 logits with the same function (electralab.objectives.common.sample, one uniform per masked position)
 after the global RNG is seeded with the same value, so they agree as long as the two generators agree.
 
-Printed and written to bench/out/parity_<preset>_lr<lr>_w<warm-up>_s<steps>.json: the losses (total, generator, RTD) of both sides at
-checkpoints, their largest relative deviation per step and on a moving average against TOLERANCE, and
-held-out collapse diagnostics of both (final-layer token cosine, RTD accuracy on replaced tokens).
+Printed and written to bench/out/parity_<preset>_lr<lr>_w<warm-up>_s<steps>.json: the losses (total,
+generator, RTD) of both sides at checkpoints, their largest relative deviation per step and on a moving
+average against TOLERANCE, and held-out collapse diagnostics of both (final-layer token cosine, RTD
+accuracy on replaced tokens).
 tests/test_parity.py runs the same functions at MINI size. docs/training.md, "Parity with transformers".
 """
 
