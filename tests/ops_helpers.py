@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,20 @@ def api(base: str, path: str, body: dict | None = None):
         return json.loads(response.read() or "null")
 
 
+@dataclass(frozen=True)
+class PrefectServer:
+    api: str     # http://127.0.0.1:<port>/api
+    log: Path    # the server's stdout and stderr: its services (the scheduler among them) log there
+
+
 @pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory) -> str:
-    """A Prefect server on a free local port with its SQLite default under a tmp PREFECT_HOME; its API URL."""
+def prefect_api(prefect_server) -> str:
+    return prefect_server.api
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory) -> PrefectServer:
+    """A Prefect server on a free local port with its SQLite default under a tmp PREFECT_HOME."""
     home = tmp_path_factory.mktemp("prefect-server")
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
@@ -78,7 +90,7 @@ def prefect_api(tmp_path_factory) -> str:
                                 stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{port}/api/health", proc, log)
-        yield f"http://127.0.0.1:{port}/api"
+        yield PrefectServer(f"http://127.0.0.1:{port}/api", log)
     finally:
         stop(proc)
 

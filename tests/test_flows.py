@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from project_helpers import BIN, run, set_param
 
 sys.path.insert(0, str(ROOT / "flows"))
 from reproduce import StageFailed, make_plan, retry_unless_bad_input, stage_targets  # noqa: E402
+from deployments import DEPLOYMENTS  # noqa: E402
 
 from electralab.errors import ConfigError  # noqa: E402
 
@@ -99,6 +101,48 @@ def test_a_flow_with_a_bad_preset_table_or_run_fails_in_prefect_before_any_work(
         assert flow_run["state_type"] == "FAILED" and value in flow_run["state"]["message"], flow_run["state"]
         assert task_runs(prefect_api, flow_run["id"]) == []              # not one stage started
     assert ((project / "dvc.yaml").stat().st_mtime_ns, sorted(p.name for p in project.iterdir())) == before
+
+
+# ---- schedules ----------------------------------------------------------------------------------------
+
+def test_the_cron_schedules_of_the_deployments_produce_scheduled_flow_runs_and_the_scheduler_logs_no_errors(
+        tmp_path, prefect_server):
+    """Scheduled flows in the Prefect UI need the server's scheduler. Under SQLAlchemy 2.1 Prefect 3.8.8's
+    scheduler raised InvalidRequestError on every pass and no deployment got a run: a lock update must not
+    break it silently again (requirements.lock pins SQLAlchemy 2.0)."""
+    log_start = prefect_server.log.stat().st_size
+    env = {**os.environ, "PREFECT_API_URL": prefect_server.api, "PREFECT_HOME": str(tmp_path / "prefect-client")}
+    code = ("import sys; sys.path.insert(0, 'flows'); from deployments import deployments\n"
+            "for d in deployments(): print(d.name, d.apply())")   # what `python flows/deployments.py` registers
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=FLOW_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ids = dict(line.split() for line in proc.stdout.splitlines())
+    crons = {name: cron for name, cron, _, _ in DEPLOYMENTS}
+    assert set(ids) == set(crons)
+
+    def scheduled() -> dict[str, list[datetime]]:
+        runs = api(prefect_server.api, "flow_runs/filter", {"flow_runs": {
+            "deployment_id": {"any_": list(ids.values())}, "state": {"type": {"any_": ["SCHEDULED"]}}}})
+        names = {v: k for k, v in ids.items()}
+        out: dict[str, list[datetime]] = {name: [] for name in ids}
+        for r in runs:
+            out[names[r["deployment_id"]]].append(datetime.fromisoformat(r["expected_start_time"]))
+        return {name: sorted(times) for name, times in out.items()}
+
+    deadline = time.monotonic() + 90   # the server schedules recently changed deployments every 5 s
+    while min(len(scheduled()[name]) for name, cron in crons.items() if cron) < 3:
+        assert time.monotonic() < deadline, prefect_server.log.read_text()[log_start:][-3000:]
+        time.sleep(1)
+    runs = scheduled()
+    assert runs["tiny-one-table"] == []   # on demand only
+    nightly, weekly = runs["nightly-tiny"], runs["weekly-small"]
+    assert all((t.hour, t.minute, t.utcoffset().total_seconds()) == (2, 0, 0) for t in nightly), nightly
+    assert all((b - a).days == 1 for a, b in zip(nightly, nightly[1:])), nightly
+    assert all((t.weekday(), t.hour, t.minute) == (5, 4, 0) for t in weekly), weekly   # Saturdays 04:00 UTC
+    log = prefect_server.log.read_text()[log_start:]
+    errors = [line for line in log.splitlines() if "ERROR" in line or "Traceback" in line or "Error:" in line]
+    assert not errors, log[-3000:]
 
 
 # ---- failures propagate -----------------------------------------------------------------------------
