@@ -12,24 +12,13 @@ from __future__ import annotations
 
 import os
 
+from electralab.card import describe
 from electralab.cli import run_stage
-from electralab.config import Params, Preset
+from electralab.config import Params
 from electralab.env import data_root, repo_root
 from electralab.io import write_json
 from electralab.report import Sources, build_report
 from electralab.report.track import log_report
-
-
-def describe(preset_name: str, preset: Preset, mirror: bool) -> str:
-    """The data and model a preset's numbers come from, one line (printed under every table title)."""
-    m, p = preset.model, preset.pretrain
-    corpus = (", ".join(f.file for f in preset.corpus.mirror) + " (offline mirror)" if mirror
-              else ", ".join(h.path for h in preset.corpus.hub) + " (Hugging Face hub)")
-    cap = f", first {preset.corpus.max_documents} documents" if preset.corpus.max_documents else ""
-    return (f"{preset_name} preset: corpus {corpus}{cap}; {preset.vocab.size}-piece "
-            f"{'uncased' if preset.corpus.uncased else 'cased'} {preset.vocab.model_type.upper()}; main model "
-            f"{m.layers} layers x {m.hidden} hidden; {p.steps} steps x {p.batch_size} sequences x "
-            f"{preset.shards.seq_len} tokens")
 
 
 def main(params: Params, args=None) -> None:

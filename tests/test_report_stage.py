@@ -135,7 +135,7 @@ def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, stor
     broken = tmp_path / "encoder"
     broken.mkdir()
     (broken / "config.json").write_text('{"format": "something-else"}')
-    for name in ("spm.model", "tokenizer.json"):
+    for name in ("spm.model", "electralab_tokenizer.json"):
         (broken / name).write_bytes((store.vocab_dir / name).read_bytes())
     rid = _run(client, experiment, "mlm", {"run": "mlm", "stage": "pretrain", "preset": "small"}, status="RUNNING")
     client.log_artifacts(rid, str(broken), "encoder")

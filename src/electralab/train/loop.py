@@ -5,7 +5,7 @@
 Reads top-down: build the objective, optimizer and schedule; restore the last checkpoint; then per
 step accumulate gradients over micro-batches, clip, check the loss is finite, step, log, checkpoint,
 and every `guard.every` steps measure held-out diagnostics and stop a collapsed run (diagnostics.py).
-At the end the main encoder, its Hugging Face export, the auxiliary (where others need it), the
+At the end the main encoder, the auxiliary (where others need it), the
 fraction checkpoints and a summary are written to out_dir in one atomic rename.
 """
 
@@ -27,7 +27,7 @@ from electralab.batch import Batch
 from electralab.config import PretrainConfig
 from electralab.errors import ConfigError, RepresentationCollapsed, TrainingDiverged
 from electralab.data.loader import PretrainLoader
-from electralab.export import huggingface_compatible, save_encoder, save_huggingface
+from electralab.export import save_encoder
 from electralab.io import atomic_dir, read_json, write_json
 from electralab.model.encoder import count_parameters, set_dropout
 from electralab.objectives import Objective, build_objective
@@ -284,13 +284,11 @@ def save_fraction(checkpointer: Checkpointer, objective: Objective, fraction: fl
 
 def write_outputs(objective: Objective, out_dir: Path, checkpointer: Checkpointer, summary: dict,
                   vocab_dir: Path | None) -> None:
-    """models/<run>/: encoder/ (ours), hf/ (transformers, absolute positions only), auxiliary.pt,
+    """models/<run>/: encoder/ (ours; the export stage makes the Hugging Face one from it), auxiliary.pt,
     fractions/<pct>/, summary.json, written in one atomic rename; then the scratch is cleared."""
     encoder = objective.main_encoder()
     with atomic_dir(out_dir) as tmp:
         save_encoder(encoder, tmp / "encoder", vocab_dir)
-        if huggingface_compatible(encoder.cfg):
-            save_huggingface(encoder, tmp / "hf", vocab_dir)
         auxiliary = objective.auxiliary_state()
         if auxiliary is not None:
             torch.save({k: v.detach().cpu() for k, v in auxiliary.items()}, tmp / "auxiliary.pt")
