@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from electralab.batch import Batch
 from electralab.config import PretrainConfig
 from electralab.errors import ConfigError, RepresentationCollapsed, TrainingDiverged
 from electralab.data.loader import PretrainLoader
+from electralab.data.progress import progress_bar
 from electralab.export import save_encoder
 from electralab.io import atomic_dir, read_json, write_json
 from electralab.model.encoder import count_parameters, set_dropout
@@ -99,8 +99,8 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
     peak = peak_flops(device)
     meter = Meter()
     flops_per_step: float | None = None
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"pretrain {run.name}", unit="step",
-               disable=not (show_progress and dist.is_main), dynamic_ncols=True)
+    bar = progress_bar(total=cfg.steps, initial=step, desc=f"pretrain {run.name}", unit="step",
+                       disable=not (show_progress and dist.is_main), dynamic_ncols=True)
     window_start, window_steps = time.perf_counter(), 0
     objective.train()
     try:

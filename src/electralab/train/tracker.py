@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from electralab import tracking
 from electralab.runs import ResolvedRun
 
@@ -19,8 +21,9 @@ class Tracker:
     def start(cls, run: ResolvedRun, resume_id: str | None = None) -> "Tracker":
         """A new MLflow run, or the interrupted one again when resuming (one MLflow run per run)."""
         mlflow = tracking.mlflow_module()
+        # threads: what this process trains with (electralab.cli.set_threads), for reading tokens/s across machines
         tags = tracking.run_tags(run=run.name, method=run.method, tables=run.spec.tables, preset=run.preset,
-                                 seed=run.seed, stage="pretrain")
+                                 seed=run.seed, stage="pretrain", threads=torch.get_num_threads())
         active = tracking.start_run(preset=run.preset, run_name=run.name, tags=tags, run_id=resume_id,
                                     system_metrics=True)
         if resume_id is None:
