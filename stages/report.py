@@ -11,6 +11,7 @@ directory to MLflow as a `stage=report` run. docs/reproducing.md explains how to
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from electralab.card import describe
 from electralab.cli import run_stage
@@ -21,6 +22,21 @@ from electralab.report import Sources, build_report
 from electralab.report.track import log_report
 
 
+def unavailable(data: Path | None) -> tuple[tuple[str, str], ...]:
+    """The tasks whose evaluation split the offline mirror lacks (QQP's dev): their cells can never fill from it."""
+    from electralab.finetune.tasks import TASKS, MissingSplit, read_split
+
+    out = []
+    for name in TASKS if data is not None else []:
+        for split in TASKS[name].eval_splits:
+            try:
+                read_split(TASKS[name], split.name, data)
+            except MissingSplit as e:
+                out.append((name, str(e)))
+                break
+    return tuple(out)
+
+
 def main(params: Params, args=None) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # one bar per encoder otherwise
     preset = params.active
@@ -28,7 +44,8 @@ def main(params: Params, args=None) -> None:
     corpus = [data / "corpus" / f.file for f in preset.corpus.mirror] if data else []
     sources = Sources(note=describe(params.preset, preset, mirror=data is not None),
                       stsb_dev=data / "glue" / "STS-B" / "dev.tsv" if data else None,
-                      corpus_files=tuple(f for f in corpus if f.exists()))
+                      corpus_files=tuple(f for f in corpus if f.exists()),
+                      unavailable=unavailable(data))
     root = repo_root()
     out = root / "reports"
     built = build_report(params.preset, out, sources=sources, runs=params.runs)

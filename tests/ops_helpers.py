@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import mirror_root
+from conftest import ROOT, mirror_root
 from project_helpers import BIN, copy_project, env_for, run, shrink
 
 ABLATION = "teams/table4"                                    # 4 runs: electra, teams, teams_full_tie, teams_no_tie
@@ -100,8 +101,11 @@ def make_project(dest: Path, preset: str = "tiny", **pretrain) -> Path:
     project = copy_project(dest)
     shrink(project, preset, **pretrain)
     env = env_for(project, None)
-    for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"], ["git", "add", "-A"],
+    for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"],
+                [str(BIN / "dvc"), "config", "plots.html_template", "plots.html"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "project"]):
+        if cmd[-1] == "plots.html":   # the project's page for `dvc plots show` (.dvc/plots.html)
+            shutil.copy(ROOT / ".dvc" / "plots.html", project / ".dvc" / "plots.html")
         proc = run(cmd, project, env)
         assert proc.returncode == 0, proc.stderr
     return project
