@@ -127,7 +127,7 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     assert len(client.search_runs([experiment], "tags.stage = 'report'")) == 2
     latest = client.search_runs([experiment], f"tags.stage = '{ROW_STAGE}' and tags.report_latest = 'true' "
                                               "and tags.tables = 'coco-lm/table3'")
-    assert len(latest) == 11 and {r.info.run_id for r in latest}.isdisjoint({r.info.run_id for r in rows})
+    assert len(latest) == 12 and {r.info.run_id for r in latest}.isdisjoint({r.info.run_id for r in rows})
 
 
 def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, store, capsys):
