@@ -7,6 +7,8 @@ and the model card (README.md) of a run's Hugging Face export.
 
 from __future__ import annotations
 
+import math
+
 from electralab.config import Preset
 from electralab.runs import ResolvedRun
 
@@ -50,7 +52,8 @@ def model_card(run: ResolvedRun, note: str, summary: dict, finetune: dict, seeds
                remote_code: bool) -> str:
     """README.md of exports/<run>/: method, preset, data, steps, GLUE medians, the MLflow run, how to load it."""
     trust = ", trust_remote_code=True" if remote_code else ""
-    hours = summary.get("wall_hours")
+    what = "no pretraining (the control)" if run.method == "none" else f"{run.method} pretraining"
+    hours, loss = summary.get("wall_hours"), summary.get("loss")
     trained = (f"{summary.get('steps', '?')} steps, {summary.get('tokens', 0):,} tokens"
                + (f", {hours * 60:.1f} min on {summary.get('devices', 1)} device(s)" if hours is not None else ""))
     architecture = ("transformers' `ElectraModel` plus a T5 relative position bias (32 buckets by default), in "
@@ -61,7 +64,7 @@ def model_card(run: ResolvedRun, note: str, summary: dict, finetune: dict, seeds
                 if mlflow_run else f"MLflow experiment `electralab-{run.preset}` (no finished pretraining run found)")
     lines = [
         "---", "library_name: transformers", f"tags: [electralab, {run.method}, {run.preset}]", "---", "",
-        f"# electralab `{run.name}`: {run.method} pretraining, {run.preset} preset", "",
+        f"# electralab `{run.name}`: {what}, {run.preset} preset", "",
         run.spec.description or "", "",
         "```python",
         "from transformers import AutoModel, AutoTokenizer",
@@ -80,7 +83,7 @@ def model_card(run: ResolvedRun, note: str, summary: dict, finetune: dict, seeds
         f"- Method: `{run.method}` (params.yaml `runs.{run.name}`), seed {run.seed}; tables: "
         f"{', '.join(run.spec.tables) or 'none'}.",
         f"- Preset and data: {note}.",
-        f"- Pretraining: {trained}; final loss {summary.get('loss', float('nan')):.3f}.",
+        f"- Pretraining: {trained}" + (f"; final loss {loss:.3f}." if loss is not None and math.isfinite(loss) else "."),
         f"- Tracking: {tracking}.", "",
         "## GLUE and SQuAD 2.0 (dev)", "",
         *_glue_table(finetune, seeds), "",
