@@ -13,7 +13,7 @@ What it does, in order (docs/operations.md explains each choice):
    .electralab/workspaces/<preset>/ (a copy of the sources with that preset selected, sharing the project's
    DVC cache and MLflow store), so the user's params.yaml is never rewritten.
 3. Runs `dvc repro <stage>` per stage: corpus (retried: hub downloads fail transiently), shards, then per
-   run pretrain@<run> and finetune@<run> in dependency order, then the report. DVC's lock file and cache
+   run pretrain@<run>, finetune@<run> and export@<run> in dependency order, then the report. DVC's lock file and cache
    decide what actually runs; stages missing from dvc.yaml (finetune, report before they land) are skipped
    and named. A failed stage fails the flow. Prefect never serves a stage from its own input cache.
 4. Publishes a summary and the report's tables as Prefect Markdown artifacts, linking the MLflow experiment.
@@ -119,7 +119,7 @@ def stage_targets(stage_names: set[str], runs: tuple[str, ...]) -> tuple[list[st
     """The DVC targets to run, in order, and those the plan wants but dvc.yaml does not have (yet)."""
     wanted = ["corpus", "shards"]
     for run in runs:
-        wanted += [f"pretrain@{run}", f"finetune@{run}"]
+        wanted += [f"pretrain@{run}", f"finetune@{run}", f"export@{run}"]
     wanted.append("report")
     present = [t for t in wanted if t in stage_names]
     return present, [t for t in wanted if t not in stage_names]

@@ -2,7 +2,7 @@
 
     python stages/pretrain.py cocolm            # what `dvc repro pretrain@cocolm` runs
 
-Reads data/shards and data/vocab; writes models/<run>/ (encoder/, hf/, auxiliary.pt, fractions/,
+Reads data/shards and data/vocab; writes models/<run>/ (encoder/, auxiliary.pt, fractions/,
 summary.json) and metrics/pretrain/<run>.json. An interrupted run resumes from checkpoints/<run>/.
 With presets.<preset>.pretrain.num_workers > 1, or RAY_ADDRESS set, it runs under Ray Train.
 docs/training.md describes the loop, resume and outputs.

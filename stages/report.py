@@ -12,9 +12,11 @@ directory to MLflow as a `stage=report` run. docs/reproducing.md explains how to
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from electralab.card import describe
 from electralab.cli import run_stage
-from electralab.config import Params, Preset
+from electralab.config import Params
 from electralab.env import data_root, repo_root
 from electralab.io import write_json
 from electralab.report import Sources, build_report
@@ -22,17 +24,19 @@ from electralab.report.build import workspace_state
 from electralab.report.track import log_report
 
 
-def describe(preset_name: str, preset: Preset, mirror: bool) -> str:
-    """The data and model a preset's numbers come from, one line (printed under every table title)."""
-    m, p = preset.model, preset.pretrain
-    corpus = (", ".join(f.file for f in preset.corpus.mirror) + " (offline mirror)" if mirror
-              else ", ".join(h.path for h in preset.corpus.hub) + " (Hugging Face hub)")
-    cap = f", first {preset.corpus.max_documents} documents" if preset.corpus.max_documents else ""
-    others = "".join(f" ({name} runs: {preset.pretrain_for(name).steps} steps)" for name in preset.budgets)
-    return (f"{preset_name} preset: corpus {corpus}{cap}; {preset.vocab.size}-piece "
-            f"{'uncased' if preset.corpus.uncased else 'cased'} {preset.vocab.model_type.upper()}; main model "
-            f"{m.layers} layers x {m.hidden} hidden; {p.steps} steps{others} x {p.batch_size} sequences x "
-            f"{preset.shards.seq_len} tokens")
+def unavailable(data: Path | None) -> tuple[tuple[str, str], ...]:
+    """The tasks whose evaluation split the offline mirror lacks (QQP's dev): their cells can never fill from it."""
+    from electralab.finetune.tasks import TASKS, MissingSplit, read_split
+
+    out = []
+    for name in TASKS if data is not None else []:
+        for split in TASKS[name].eval_splits:
+            try:
+                read_split(TASKS[name], split.name, data)
+            except MissingSplit as e:
+                out.append((name, str(e)))
+                break
+    return tuple(out)
 
 
 def main(params: Params, args=None) -> None:
@@ -42,7 +46,8 @@ def main(params: Params, args=None) -> None:
     corpus = [data / "corpus" / f.file for f in preset.corpus.mirror] if data else []
     sources = Sources(note=describe(params.preset, preset, mirror=data is not None),
                       stsb_dev=data / "glue" / "STS-B" / "dev.tsv" if data else None,
-                      corpus_files=tuple(f for f in corpus if f.exists()))
+                      corpus_files=tuple(f for f in corpus if f.exists()),
+                      unavailable=unavailable(data))
     root = repo_root()
     out = root / "reports"
     # The runs this workspace's outputs are (their metrics files record them): not the latest of each name,

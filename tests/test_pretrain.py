@@ -1,5 +1,5 @@
 """The pretraining stage as users run it: DVC end to end with MLflow, exact resume after SIGKILL, the NaN
-guard, Ray Train with two workers against one, gradient accumulation, the registry, the HF export.
+guard, Ray Train with two workers against one, gradient accumulation, the registry (the HF export: test_export.py).
 
 A miniature preset (12 x 16 main model, 32-token blocks, a few steps) keeps each run to seconds."""
 
@@ -85,7 +85,7 @@ def test_dvc_repro_pretrain_with_dependent_runs_and_mlflow(tmp_path):
     assert {p.name for p in out.iterdir()} == {"encoder", "auxiliary.pt", "fractions", "summary.json"}
     assert {p.name for p in (out / "fractions").iterdir()} == {"050", "100"}
     assert json.loads((out / "fractions" / "050" / "meta.json").read_text())["step"] == 4
-    assert (out / "encoder" / "tokenizer.json").is_file()   # the vocabulary travels with the model
+    assert (out / "encoder" / "electralab_tokenizer.json").is_file()   # the vocabulary travels with the model
     assert not (project / "checkpoints" / "cocolm_ablation").exists()   # scratch cleared after success
     metrics = json.loads((project / "metrics" / "pretrain" / "cocolm_ablation.json").read_text())
     for key in ("loss", "copy_acc_replaced", "clm_acc_original", "scl_pos_cos", "tokens_per_s", "mfu",
@@ -431,7 +431,7 @@ def test_two_ray_workers_follow_the_loss_curve_of_one(project, tmp_path, trackin
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
-# ---- the registry and the export ---------------------------------------------------------------------
+# ---- the registry ---------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_dvc_repro_trains_every_run_of_the_registry(tmp_path):
@@ -476,40 +476,6 @@ def test_every_run_of_the_registry_resolves_and_builds(preset):
         with torch.device("meta"):          # shapes only: base-size models cost no memory here
             objective = build_objective(r.method, r.settings, r.model, r.generators, 32768)
         assert objective.main_encoder().cfg.layers >= r.model.layers, name
-
-
-def test_huggingface_export_matches_our_encoder_and_relative_configs_use_our_format(tmp_path):
-    from transformers import AutoModel
-
-    from electralab.config import EncoderConfig
-    from electralab.export import load_encoder, save_encoder, save_huggingface
-    from electralab.model.encoder import Encoder, make_token_embedding
-
-    torch.manual_seed(0)
-    absolute = EncoderConfig(hidden=32, layers=3, heads=2, ffn=64, embedding=16, max_positions=64,
-                             relative_positions=False)
-    encoder = Encoder(absolute, make_token_embedding(100, 16)).eval()
-    with torch.no_grad():
-        for p in encoder.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    save_huggingface(encoder, tmp_path / "hf")
-    theirs = AutoModel.from_pretrained(tmp_path / "hf").eval()
-    ids = torch.randint(5, 100, (3, 20))
-    mask = torch.ones_like(ids)
-    mask[1, 12:] = 0
-    with torch.no_grad():
-        ours = encoder(ids, mask.bool())[-1]
-        hf = theirs(input_ids=ids, attention_mask=mask).last_hidden_state
-    assert torch.allclose(ours[mask.bool()], hf[mask.bool()], atol=1e-5)
-
-    relative = dataclasses.replace(absolute, relative_positions=True)
-    encoder = Encoder(relative, make_token_embedding(100, 16)).eval()
-    with pytest.raises(ConfigError, match="Hugging Face export needs absolute positions"):
-        save_huggingface(encoder, tmp_path / "hf2")
-    save_encoder(encoder, tmp_path / "ours")
-    with torch.no_grad():
-        assert torch.equal(load_encoder(tmp_path / "ours").eval()(ids)[-1], encoder(ids)[-1])
-
 
 def test_the_control_exports_the_encoder_every_method_starts_from_and_takes_no_step(project, tmp_path, tracking):
     """runs.control (method none): the main encoder exactly as initialised, no training, a finished MLflow run."""

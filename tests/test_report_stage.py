@@ -81,11 +81,15 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     for key in FIGURES:
         assert (reports / "figures" / f"{stem(key)}.png").read_bytes().startswith(b"\x89PNG")
     page = (reports / "index.html").read_text()
-    assert page.count("data:image/png;base64,") == len(FIGURES) and page.count("<table>") == 2 * len(TABLES)   # each table and its claims
+    # Each table three times: compact, with spread, range and difference behind its <details>, and its claims.
+    assert page.count("data:image/png;base64,") == len(FIGURES) and page.count("<table>") == 3 * len(TABLES)
+    assert page.count("<details>") == 2 * len(TABLES)
     assert "| `cocolm_rtd_only` |" in (reports / "report.md").read_text()
     t3 = pd.read_csv(reports / "tables" / "coco-lm_table3.csv")
     rte = t3[(t3["row"] == "CLM w/o. Copy") & (t3["column"] == "RTE")].iloc[0]
     assert pd.isna(rte["ours"]) and rte["published"] == 76.9        # missing stays empty in the CSV
+    assert rte["why"] == "RTE: no dev split: glue/RTE/dev.tsv is not in the ELECTRALAB_DATA mirror"   # says why
+    assert (t3["ours"].isna() == t3["why"].notna()).all()
     metrics = json.loads((root / "metrics" / "report.json").read_text())
     assert metrics["mnli_m"]["mlm"] == median_of("mlm", "mnli", "accuracy")
     assert "cocolm_no_copy" not in metrics["glue_avg"]              # 7 of 8 tasks: no average
@@ -94,7 +98,9 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     # The report stage of dvc.yaml: its deps exist, its plots files are the ones written.
     snippet = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     report = snippet["stages"]["report"]
-    assert report["always_changed"] is True and report["outs"] == [{"reports": {"persist": True}}]
+    assert report["always_changed"] is True and report["outs"] == [
+        {"reports": {"persist": True}}, {"metrics/report.json": {"cache": False, "persist": True}}]
+    assert snippet["metrics"] == ["metrics"]   # `dvc metrics show` reads every metrics file there is
     assert all((ROOT / d).exists() for d in report["deps"] if not d.startswith("metrics/"))
     for entry in snippet["plots"]:
         if isinstance(entry, str):
@@ -137,7 +143,7 @@ def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, stor
     broken = tmp_path / "encoder"
     broken.mkdir()
     (broken / "config.json").write_text('{"format": "something-else"}')
-    for name in ("spm.model", "tokenizer.json"):
+    for name in ("spm.model", "electralab_tokenizer.json"):
         (broken / name).write_bytes((store.vocab_dir / name).read_bytes())
     rid = _run(client, experiment, "mlm", {"run": "mlm", "stage": "pretrain", "preset": "small"}, status="RUNNING")
     client.log_artifacts(rid, str(broken), "encoder")

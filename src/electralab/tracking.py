@@ -137,6 +137,18 @@ def close_orphan(run_id: str, why: str) -> None:
     client.set_terminated(run_id, "KILLED")
 
 
+def latest_finished_run(preset: str, run: str, stage: str) -> str | None:
+    """The id of the latest finished `stage` run (pretrain, finetune, ...) of `run` in the preset's experiment."""
+    mlflow = _mlflow()
+    experiment = mlflow.get_experiment_by_name(experiment_name(preset))
+    if experiment is None:
+        return None
+    found = mlflow.search_runs([experiment.experiment_id], output_format="list", max_results=1,
+                               filter_string=f"tags.stage = '{stage}' and tags.run = '{run}' and "
+                                             f"attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"])
+    return found[0].info.run_id if found else None
+
+
 def mlflow_module():
     """The mlflow module, pointed at this project's tracking store."""
     return _mlflow()

@@ -30,9 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tqdm import tqdm
-
 from electralab.config import FinetuneConfig, to_dict
+from electralab.data.progress import progress_bar
 from electralab.data.vocab import Tokenizer
 from electralab.errors import ConfigError, DataError, TrialsFailed
 from electralab.finetune.data import TaskData, prepare
@@ -148,7 +147,10 @@ class GridRun:
         self.tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json", the_plan.pretrain_run_id)
         self.selections: dict[Group, Selection] = {}
         self.resumed = 0
-        self.bar = tqdm(desc=f"finetune {run.name}", unit="trial", disable=not show_progress, dynamic_ncols=True)
+        # Every trial of both phases counted up front (the extras run the one selected configuration).
+        total = sum(len(self.cfg.seeds) * (1 if self.uses_selection(g) else len(self.grid_of(g))) for g in self.runnable)
+        self.bar = progress_bar(total=total, desc=f"finetune {run.name}", unit="trial", disable=not show_progress,
+                                dynamic_ncols=True)
         self.settings_params = {k: v for k, v in to_dict(cfg).items()
                                 if k in ("max_seq_len", "max_train_examples", "train_caps", "max_eval_examples", "adam_betas",
                                          "adam_eps", "weight_decay", "clip_norm", "group_by_length", "squad")}
@@ -187,7 +189,6 @@ class GridRun:
             self.store.put(spec, result)    # first: a finished trial is never run again
             record(spec, result)
 
-        self.bar.total = (self.bar.total or 0) + len(specs)
         todo = []
         for spec in specs:
             done = self.store.get(spec, self.fingerprints[spec.group])

@@ -84,7 +84,7 @@ def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings
         # A diverged configuration is a result too (its dev metrics show it): the grid goes on.
         evaluated = evaluate(model, data, settings, device, precision) if settings.eval_every_epoch or epoch == hp.epochs else {}
         history.append({"epoch": epoch, "train_loss": float(torch.stack(losses).mean()), **evaluated,
-                        "seconds": time.perf_counter() - started})
+                        "seconds": time.perf_counter() - started, "threads": torch.get_num_threads()})
         if report is not None:
             report(history)
     return history

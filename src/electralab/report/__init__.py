@@ -33,9 +33,10 @@ from electralab.io import atomic_dir
 from electralab.report import figures as F
 from electralab.report.build import (BuiltTable, Results, WorkspaceState, build_tables, cell_lookup, check_preset,
                                      check_specs, fetch_results, glue_average, metric_history)
-from electralab.report.claims import check_claims
-from electralab.report.render import claims_html, claims_markdown, page_html, table_html, to_csv, to_markdown
-from electralab.report.specs import SQUAD2, TABLES
+from electralab.report.claims import HOLDS, NOISE, REVERSED, check_claims
+from electralab.report.render import claims_details, claims_markdown, page_html, table_html, to_csv, to_markdown
+from electralab.report.specs import CONTROL_RUN, GLUE_AVG_PARTS, SQUAD2, TABLES
+from electralab.report.why import explain, missing_reasons
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,14 @@ class Sources:
     stsb_dev: Path | None = None          # $ELECTRALAB_DATA/glue/STS-B/dev.tsv (Fig. 1/5 similar pairs)
     corpus_files: tuple[Path, ...] = ()   # corpus paragraphs (Fig. 1/5 random pairs)
     random_pairs: int = 200
+    # task -> why its dev results can never exist with this data (e.g. QQP: no dev split in the offline mirror):
+    # the tables' footnotes say so, and figure panels that need it (GLUE AVG) are left out.
+    unavailable: tuple[tuple[str, str], ...] = ()
+
+    def glue_avg_unavailable(self) -> str:
+        """Why no GLUE average can ever be computed ("" if it can)."""
+        gone = dict(self.unavailable)
+        return "; ".join(f"{c.name}: {gone[c.task]}" for c in GLUE_AVG_PARTS if c.task in gone)
 
 
 def stem(key: str) -> str:
@@ -113,19 +122,22 @@ def make_figures(results: Results, sources: Sources):
     electra = {F.GLUE_COLUMN.name: glue_average(lookup, reference),
                SQUAD2[1].name: lookup.get((reference, SQUAD2[1].task, SQUAD2[1].metric), {}).get("median", math.nan)}
     cos = cosines(results, sources)
+    # Panels that can never fill with this data (GLUE AVG without QQP offline) are left out, not drawn empty.
+    glue = [] if sources.glue_avg_unavailable() else [F.GLUE_COLUMN]
+    crop_columns, sweep_columns = [F.MNLI_M, F.MNLI_MM, *glue], [*glue, SQUAD2[1]]
     return {
         "coco-lm/fig1-5": (F.cosine_figure(cos, preset), None),
         "coco-lm/fig3": (F.efficiency_figure(coco_hours, "cocolm", {"mlm": "RoBERTa (Ours)", "electra": "ELECTRA (Ours)"},
                                              f"COCO-LM Fig. 3: MNLI dev vs pretraining hours ({preset} preset)"), coco_hours),
-        "coco-lm/fig4": (F.crop_figure(crop, preset), F.sweep_frame(crop)),
+        "coco-lm/fig4": (F.crop_figure(crop, preset, crop_columns), F.sweep_frame(crop)),
         "coco-lm/fig7a": (F.scl_cosine_figure(history, preset), F.history_frame(history, scl)),
         "coco-lm/fig8": (F.copy_clm_figure(history, preset), F.history_frame(history, copy_clm)),
         "amos/fig3a": (F.mix_weights_figure(history, preset), F.history_frame(history, F.MIX_SERIES)),
         "amos/fig3b": (F.curriculum_figure(history, preset), F.history_frame(history, F.CURRICULUM_SERIES)),
         "amos/fig4": (F.efficiency_figure(amos_hours, "amos", {"cocolm": "COCO-LM", "electra": "ELECTRA", "mlm": "RoBERTa"},
                                           f"AMOS Fig. 4: MNLI dev vs pretraining hours ({preset} preset)"), amos_hours),
-        "teams/fig4": (F.generator_depth_figure(depth, preset), F.sweep_frame(depth)),
-        "teams/fig5": (F.negatives_figure(negatives, electra, preset), F.sweep_frame(negatives)),
+        "teams/fig4": (F.generator_depth_figure(depth, preset, sweep_columns), F.sweep_frame(depth)),
+        "teams/fig5": (F.negatives_figure(negatives, electra, preset, sweep_columns), F.sweep_frame(negatives)),
     }
 
 
@@ -144,6 +156,15 @@ def training_data_note(results: Results) -> str:
         parts.append(f"{task} {int(n):,} ({share})" if share else f"{task} {int(n):,}")
     return ("Fine-tuning examples per task (a subset is a fixed sample, or all the offline mirror has): "
             + "; ".join(parts) + ".") if parts else ""
+
+
+def mark_verdicts(table: BuiltTable, claims: pd.DataFrame) -> None:
+    """`row_verdict` for the page: the verdict of the table's claim about each row, i.e. its subject against
+    that row (the subject's own row: against the no-pretraining control); none where no claim was decided."""
+    decided = claims[(claims["run"] == table.spec.subject) & claims["verdict"].isin([HOLDS, REVERSED, NOISE])]
+    verdicts = {table.spec.subject if than == CONTROL_RUN else than: verdict
+                for than, verdict in zip(decided["than"], decided["verdict"])}
+    table.frame["row_verdict"] = table.frame["run"].map(verdicts).fillna("")
 
 
 def summary_metrics(results: Results, tables: dict[str, BuiltTable], claims: pd.DataFrame | None = None) -> dict:
@@ -199,6 +220,10 @@ def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = No
     results = fetch_results(preset, tracking_uri, state)
     tables = build_tables(results)
     claims = {key: check_claims(table.spec, results) for key, table in tables.items()}
+    reasons = missing_reasons(results)
+    for key, table in tables.items():   # the `why` of every empty cell, and each row's claim verdict
+        explain(table, results, reasons, dict(sources.unavailable))
+        mark_verdicts(table, claims[key])
     out_dir = Path(out_dir)
     figure_paths: dict[str, Path] = {}
     with atomic_dir(out_dir) as tmp:
@@ -236,10 +261,13 @@ def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = No
         intro = [*intro, *(line.replace("`", "").strip() for line in origin if line.strip() and not line.startswith("|")),
                  f"Pretraining runs (MLflow run, DVC experiment): {runs_line or 'none'}"]
         pngs = {key: tmp / "figures" / f"{stem(key)}.png" for key in figure_paths}
-        tables_html = [table_html(t, sources.note) + claims_html(claims[k]) for k, t in tables.items()]
-        (tmp / "index.html").write_text(page_html(title, intro, tables_html, pngs), encoding="utf-8")
+        tables_html = [table_html(t, sources.note) + claims_details(claims[k]) for k, t in tables.items()]
+        left_out = sources.glue_avg_unavailable()
+        notes = [f"GLUE AVG panels are left out (COCO-LM Fig. 4, TEAMS Fig. 4 and 5): the average needs all eight "
+                 f"GLUE tasks, and with this data {left_out}."] if left_out else []
+        (tmp / "index.html").write_text(page_html(title, intro, tables_html, pngs, notes), encoding="utf-8")
     return {"preset": preset, "tables": tables, "claims": all_claims, "figures": figure_paths,
             "metrics": summary_metrics(results, tables, all_claims), "results": results}
 
 
-__all__ = ["Sources", "build_report", "make_figures", "stem", "summary_metrics", "TABLES"]
+__all__ = ["Sources", "build_report", "make_figures", "mark_verdicts", "stem", "summary_metrics", "TABLES"]

@@ -254,21 +254,26 @@ NEGATIVES_RUNS = {
 SWEEP_COLUMNS = (GLUE_COLUMN, SQUAD2[1])
 
 
-def crop_figure(points: pd.DataFrame, preset: str) -> Figure:
+CROP_COLUMNS = (MNLI_M, MNLI_MM, GLUE_COLUMN)
+
+
+# `columns`: the panels; the report leaves out GLUE AVG where its data can never be there (QQP offline).
+def crop_figure(points: pd.DataFrame, preset: str, columns: Sequence[Column] = CROP_COLUMNS) -> Figure:
     """COCO-LM Fig. 4: GLUE dev results against the crop fraction (100% = no cropping)."""
-    return sweep_figure(points, [MNLI_M.name, MNLI_MM.name, GLUE_COLUMN.name], "fraction of X^orig kept (%)",
+    return sweep_figure(points, [c.name for c in columns], "fraction of X^orig kept (%)",
                         f"COCO-LM Fig. 4: crop fraction ({preset} preset)")
 
 
-def generator_depth_figure(points: pd.DataFrame, preset: str) -> Figure:
+def generator_depth_figure(points: pd.DataFrame, preset: str, columns: Sequence[Column] = SWEEP_COLUMNS) -> Figure:
     """TEAMS Fig. 4: results against the number of generator layers (bottom half tied)."""
-    return sweep_figure(points, [c.name for c in SWEEP_COLUMNS], "generator layers",
+    return sweep_figure(points, [c.name for c in columns], "generator layers",
                         f"TEAMS Fig. 4: generator depth ({preset} preset)")
 
 
-def negatives_figure(points: pd.DataFrame, electra: dict[str, float], preset: str) -> Figure:
+def negatives_figure(points: pd.DataFrame, electra: dict[str, float], preset: str,
+                     columns: Sequence[Column] = SWEEP_COLUMNS) -> Figure:
     """TEAMS Fig. 5: "Sampled" vs "Hardest" negatives against K, ELECTRA as the reference line."""
-    return sweep_figure(points, [c.name for c in SWEEP_COLUMNS], "K (negatives per masked position)",
+    return sweep_figure(points, [c.name for c in columns], "K (negatives per masked position)",
                         f"TEAMS Fig. 5: sampled vs hardest negatives ({preset} preset)", logx=True,
                         reference=electra, reference_label="ELECTRA")
 

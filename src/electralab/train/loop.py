@@ -5,7 +5,7 @@
 Reads top-down: build the objective, optimizer and schedule; restore the last checkpoint; then per
 step accumulate gradients over micro-batches, clip, check the loss is finite, step, log, checkpoint,
 and every `guard.every` steps measure held-out diagnostics and stop a collapsed run (diagnostics.py).
-At the end the main encoder, its Hugging Face export, the auxiliary (where others need it), the
+At the end the main encoder, the auxiliary (where others need it), the
 fraction checkpoints and a summary are written to out_dir in one atomic rename.
 """
 
@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from electralab.batch import Batch
 from electralab.config import PretrainConfig
 from electralab.errors import ConfigError, DataError, RepresentationCollapsed, TrainingDiverged
 from electralab.data.loader import PretrainLoader
+from electralab.data.progress import progress_bar
 from electralab.data.shards import read_shards_manifest
-from electralab.export import huggingface_compatible, save_encoder, save_huggingface
+from electralab.export import save_encoder
 from electralab.io import atomic_dir, write_json
 from electralab.model.encoder import count_parameters, set_dropout
 from electralab.objectives import Objective, build_objective
@@ -106,8 +106,8 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
     peak = peak_flops(device, precision)
     meter = Meter()
     flops_per_step: float | None = state.get("flops_per_step") if state else None
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"pretrain {run.name}", unit="step",
-               disable=not (show_progress and dist.is_main), dynamic_ncols=True)
+    bar = progress_bar(total=cfg.steps, initial=step, desc=f"pretrain {run.name}", unit="step",
+                       disable=not (show_progress and dist.is_main), dynamic_ncols=True)
     window_start, window_steps = time.perf_counter(), 0
     objective.train()
     try:
@@ -307,13 +307,11 @@ def save_fraction(checkpointer: Checkpointer, objective: Objective, fraction: fl
 
 def write_outputs(objective: Objective, out_dir: Path, checkpointer: Checkpointer, summary: dict,
                   vocab_dir: Path | None) -> None:
-    """models/<run>/: encoder/ (ours), hf/ (transformers, absolute positions only), auxiliary.pt,
+    """models/<run>/: encoder/ (ours; the export stage makes the Hugging Face one from it), auxiliary.pt,
     fractions/<pct>/, summary.json, written in one atomic rename."""
     encoder = objective.main_encoder()
     with atomic_dir(out_dir) as tmp:
         save_encoder(encoder, tmp / "encoder", vocab_dir)
-        if huggingface_compatible(encoder.cfg):
-            save_huggingface(encoder, tmp / "hf", vocab_dir)
         auxiliary = objective.auxiliary_state()
         if auxiliary is not None:
             torch.save({k: v.detach().cpu() for k, v in auxiliary.items()}, tmp / "auxiliary.pt")

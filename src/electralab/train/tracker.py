@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from electralab import tracking
 from electralab.runs import ResolvedRun
 
@@ -23,8 +25,9 @@ class Tracker:
         mlflow = tracking.mlflow_module()
         if orphan_id and orphan_id != resume_id:
             tracking.close_orphan(orphan_id, "killed before its first checkpoint; the run restarted from step 0")
+        # threads: what this process trains with (electralab.cli.set_threads), for reading tokens/s across machines
         tags = tracking.run_tags(run=run.name, method=run.method, tables=run.spec.tables, preset=run.preset,
-                                 seed=run.seed, stage="pretrain")
+                                 seed=run.seed, stage="pretrain", threads=torch.get_num_threads())
         active = tracking.start_run(preset=run.preset, run_name=run.name, tags=tags, run_id=resume_id,
                                     system_metrics=True)
         if resume_id is None:
