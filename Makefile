@@ -4,7 +4,7 @@
 #                   no-pretraining control, pretrained, fine-tuned and reported (docs/reproducing.md)
 #   make test       set up .venv from the lock file, then run the test suite
 # and the rest:
-#   make repro-all  every run of every table and figure (`dvc repro`): one night on 2 CPU cores
+#   make repro-all  every run of every table and figure (`dvc repro`): about 21 hours on 2 CPU cores (docs/operations.md)
 # Offline (no Hugging Face hub), point ELECTRALAB_DATA at a local mirror: ELECTRALAB_DATA=../shared/data
 # `make test` also needs Debian's chromium + chromium-driver (the UI tests): installed here when missing, as root.
 

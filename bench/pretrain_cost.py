@@ -54,6 +54,8 @@ def main() -> None:
         producer = producer_of(run.spec.reads)
         if producer is not None:   # built on another run's output (not there yet): that run's model, same FLOPs
             flops = flops_of[producer]
+        elif run.method == "none":  # the no-pretraining control takes no step
+            flops = 0
         else:
             loader = PretrainLoader(shards, "train", micro_batch_size=cfg.micro_batch_size, seed=run.seed,
                                     masking=run.settings.masking)
@@ -63,7 +65,7 @@ def main() -> None:
             _, flops = count_flops(lambda: objective(batch, progress=0.5).loss.backward())
         flops_of[name] = flops
         per_step = flops * (cfg.batch_size // cfg.micro_batch_size)
-        seconds = cfg.steps * per_step / (args.gflops * 1e9) + args.overhead
+        seconds = (cfg.steps * per_step / (args.gflops * 1e9) if flops else 0.0) + args.overhead
         rows.append({"run": name, "method": run.method, "gflop_per_step": round(per_step / 1e9, 2),
                      "estimated_s": round(seconds, 1), "measure_s": round(time.perf_counter() - started, 2)})
         print(json.dumps(rows[-1]), flush=True)
@@ -72,7 +74,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"preset": params.preset, "gflops": args.gflops, "overhead_s": args.overhead,
                                     "total_estimated_s": round(total, 1), "runs": rows}, indent=2))
-    print(f"\npreset {params.preset}: {len(rows)} runs, {params.active.pretrain.steps} steps each; rate "
+    print(f"\npreset {params.preset}: {len(rows)} runs, {params.active.pretrain.steps} steps (budgets: each run's own); rate "
           f"{args.gflops:.1f} GFLOP/s, {args.overhead:.0f} s fixed per run\n")
     print("| method | runs | GFLOP/step (min-max) | estimated min |\n|---|---|---|---|")
     for method in dict.fromkeys(r["method"] for r in rows):

@@ -303,7 +303,7 @@ class FinetuneConfig:
     # Caps for quick presets (a fixed random subset, the same for every run); None = everything.
     max_train_examples: int | None = bounded(None, lo=1)
     max_eval_examples: int | None = bounded(None, lo=1)
-    # Per-task training caps, before max_train_examples (e.g. {sst2: 5000}: a label-scarce SST-2 whose
+    # Per-task training caps; max_train_examples still binds when smaller (e.g. {sst2: 5000}: a label-scarce SST-2 whose
     # cost stays near the small tasks'; the same fixed sample for every run).
     train_caps: dict[str, int] = field(default_factory=dict)
     eval_batch_size: int = bounded(128, lo=1)
