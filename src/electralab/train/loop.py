@@ -7,6 +7,10 @@ step accumulate gradients over micro-batches, clip, check the loss is finite, st
 and every `guard.every` steps measure held-out diagnostics and stop a collapsed run (diagnostics.py).
 At the end the main encoder, its Hugging Face export, the auxiliary (where others need it), the
 fraction checkpoints and a summary are written to out_dir in one atomic rename.
+
+With `stop` (a function checked after every step; one process only) the loop stops after the step at
+which it says True, with a checkpoint, and returns {"paused": True, "steps": ...}: the next call resumes
+there (the GPU sprint's commands end inside their time limit this way: stop=lambda: clock() >= deadline).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -52,7 +56,10 @@ class Dist:
 
 
 def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Path, *,
-             vocab_dir: Path | None = None, dist: Dist = Dist(), show_progress: bool = True) -> dict[str, Any]:
+             vocab_dir: Path | None = None, dist: Dist = Dist(), show_progress: bool = True,
+             stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    if stop is not None and dist.world_size > 1:
+        raise ValueError("pretrain: stop is for one process (ranks would stop at different steps)")
     cfg = run.pretrain
     device = choose_device(cfg, dist)
     precision = resolve_precision(cfg.precision, device)   # once: "bf16" where the hardware has it
@@ -163,7 +170,10 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                         f"run {run.name} collapsed at step {step}: {problem}. Its numbers would say nothing; "
                         f"docs/training.md (collapse guard) says what to change")
 
-            if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
+            pause = stop is not None and step < cfg.steps and stop()
+            if pause:   # the unlogged window's seconds still count towards the run's hours
+                elapsed += time.perf_counter() - window_start
+            if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps or pause):
                 checkpointer.save({"model": objective.state_dict(), "optimizer": optimizer.state_dict(),
                                    "schedule": schedule.state_dict(), "loader": loader.state_dict(),
                                    "step": step, "elapsed": elapsed, "last_logged": last_logged,
@@ -171,12 +181,19 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
             if dist.is_main and step in fraction_steps:
                 so_far = elapsed + time.perf_counter() - window_start
                 save_fraction(checkpointer, objective, fraction_steps[step], step, so_far, devices)
+            if pause:
+                break
     except BaseException as error:
         bar.close()
         if tracker:
             tracker.fail(error)
         raise
     bar.close()
+    if objective.trains and step < cfg.steps:   # stopped by `stop`; the checkpoint resumes it
+        tracker.pause(step)
+        print(f"pretrain {run.name}: paused at step {step} of {cfg.steps}; the next call resumes "
+              f"from {checkpointer.state_path}")
+        return {"paused": True, "steps": step, "wall_hours": elapsed / 3600}
 
     summary = {**last_logged, "steps": step, "tokens": step * tokens_per_step,
                "flops_per_step": flops_per_step or 0.0, "params_main": count_parameters(objective.main_encoder()),
