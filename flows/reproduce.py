@@ -13,7 +13,7 @@ What it does, in order (docs/operations.md explains each choice):
    .electralab/workspaces/<preset>/ (a copy of the sources with that preset selected, sharing the project's
    DVC cache and MLflow store), so the user's params.yaml is never rewritten.
 3. Runs `dvc repro <stage>` per stage: corpus (retried: hub downloads fail transiently), shards, then per
-   run pretrain@<run> and finetune@<run> in dependency order, then the report. DVC's lock file and cache
+   run pretrain@<run>, finetune@<run> and export@<run> in dependency order, then the report. DVC's lock file and cache
    decide what actually runs; stages missing from dvc.yaml (finetune, report before they land) are skipped
    and named. A failed stage fails the flow. Prefect never serves a stage from its own input cache.
 4. Publishes a summary and the report's tables as Prefect Markdown artifacts, linking the MLflow experiment.
@@ -27,6 +27,7 @@ flows of different presets, whose workspaces are separate. docs/operations.md ex
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -52,6 +53,7 @@ SOURCES = ("dvc.yaml", ".dvcignore", "stages", "src")   # what a preset workspac
 EXIT_BAD_INPUT = 2                                      # electralab.cli: a config or data error, not transient
 PROGRESS = re.compile(r"\d+%\|")                        # a tqdm progress line
 PROGRESS_EVERY_S = 15.0
+PROJECTS_ENV = "ELECTRALAB_PROJECTS"   # other project roots a flow run may work in (os.pathsep-separated)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -68,6 +70,20 @@ class Plan:
     @property
     def workspace(self) -> Path:
         return self.project if self.in_place else self.project / WORKSPACES / self.preset
+
+
+def allowed_project(project: str | Path | None) -> Path:
+    """The project a flow run may work in: this checkout, or one the serving process lists in
+    $ELECTRALAB_PROJECTS. Anyone who can reach the Prefect API can start a deployment with any parameters,
+    and a free `project` would run `dvc repro` (any stage command of any dvc.yaml) in any directory."""
+    if project is None:
+        return PROJECT
+    chosen = Path(project).expanduser().resolve()
+    allowed = [PROJECT, *(Path(p).expanduser().resolve() for p in os.environ.get(PROJECTS_ENV, "").split(os.pathsep) if p)]
+    if chosen not in allowed:
+        raise ConfigError(f"project {str(project)!r} is not this flow's project ({PROJECT}) nor listed in "
+                          f"${PROJECTS_ENV} of the process serving the flow; allowed: {', '.join(map(str, allowed))}")
+    return chosen
 
 
 def make_plan(project: Path, preset: str | None = None, tables: list[str] | None = None,
@@ -103,7 +119,7 @@ def stage_targets(stage_names: set[str], runs: tuple[str, ...]) -> tuple[list[st
     """The DVC targets to run, in order, and those the plan wants but dvc.yaml does not have (yet)."""
     wanted = ["corpus", "shards"]
     for run in runs:
-        wanted += [f"pretrain@{run}", f"finetune@{run}"]
+        wanted += [f"pretrain@{run}", f"finetune@{run}", f"export@{run}"]
     wanted.append("report")
     present = [t for t in wanted if t in stage_names]
     return present, [t for t in wanted if t not in stage_names]
@@ -300,6 +316,17 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
 
 
+def missing_tasks(plan: Plan) -> list[str]:
+    """The fine-tuning tasks the plan's runs recorded as missing (the offline mirror's known gaps, or allowed
+    with ELECTRALAB_ALLOW_MISSING=1; any other missing task fails its stage and the flow)."""
+    out = []
+    for run in plan.runs:
+        path = plan.workspace / "metrics" / "finetune" / f"{run}.json"
+        missing = json.loads(path.read_text(encoding="utf-8")).get("missing", {}) if path.is_file() else {}
+        out += [f"`{run}` {task}: {why}" for task, why in missing.items()]
+    return out
+
+
 def publish(plan: Plan, results: list[dict], skipped: list[str], experiment_id: str) -> None:
     link = mlflow_link(experiment_id, plan.preset)
     rows = "\n".join(f"| `{r['stage']}` | {r['result']} | {r['seconds']} |" for r in results)
@@ -307,6 +334,9 @@ def publish(plan: Plan, results: list[dict], skipped: list[str], experiment_id: 
     if skipped:
         note = ("\n\nNot in dvc.yaml (yet), skipped: " + ", ".join(f"`{s}`" for s in skipped[:12])
                 + (f" and {len(skipped) - 12} more" if len(skipped) > 12 else ""))
+    missing = missing_tasks(plan)
+    if missing:
+        note += "\n\nCould not run (recorded as missing):\n\n" + "\n".join(f"- {m}" for m in missing)
     create_markdown_artifact(
         key=artifact_key("reproduce", plan.preset),
         markdown=f"# reproduce: preset {plan.preset}, {len(plan.runs)} runs\n\n{link} · workspace "
@@ -333,7 +363,7 @@ def reproduce(preset: str | None = None, tables: list[str] | None = None, runs: 
               project: str | None = None) -> list[dict]:
     """The pipeline of `preset` (default: params.yaml's) for `tables` and/or `runs` (default: every run)."""
     logger = get_run_logger()
-    plan = make_plan(Path(project) if project else PROJECT, preset, tables, runs)   # before any work
+    plan = make_plan(allowed_project(project), preset, tables, runs)   # before any work
     env = stage_env(plan)
     lock = workspace_lock(plan)
     try:
@@ -363,12 +393,13 @@ def main() -> None:
     parser.add_argument("--preset", help="a preset of params.yaml (default: its `preset`)")
     parser.add_argument("--tables", nargs="+", metavar="TABLE", help=f"tables/figures: {', '.join(TABLES)}")
     parser.add_argument("--runs", nargs="+", metavar="RUN", help="runs of params.yaml `runs:`")
-    parser.add_argument("--project", help="the project root (default: the checkout holding flows/)")
+    parser.add_argument("--project", help=f"the project root (default: the checkout holding flows/; another one "
+                                          f"must be listed in ${PROJECTS_ENV})")
     parser.add_argument("--targets", action="store_true", help="print the DVC targets and run nothing")
     args = parser.parse_args()
     try:
         if args.targets:   # for `dvc repro $(...)`; the report then runs alone: `dvc repro --single-item report`
-            plan = make_plan(Path(args.project or PROJECT), args.preset, args.tables, args.runs)
+            plan = make_plan(allowed_project(args.project), args.preset, args.tables, args.runs)
             groups = set(yaml.safe_load((plan.project / "dvc.yaml").read_text(encoding="utf-8"))["stages"])
             _, wanted = stage_targets(set(), plan.runs)
             print(" ".join(t for t in wanted if t.split("@")[0] in groups and t != "report"))

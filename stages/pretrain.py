@@ -2,7 +2,7 @@
 
     python stages/pretrain.py cocolm            # what `dvc repro pretrain@cocolm` runs
 
-Reads data/shards and data/vocab; writes models/<run>/ (encoder/, hf/, auxiliary.pt, fractions/,
+Reads data/shards and data/vocab; writes models/<run>/ (encoder/, auxiliary.pt, fractions/,
 summary.json) and metrics/pretrain/<run>.json. An interrupted run resumes from checkpoints/<run>/.
 With presets.<preset>.pretrain.num_workers > 1, or RAY_ADDRESS set, it runs under Ray Train.
 docs/training.md describes the loop, resume and outputs.
@@ -11,6 +11,7 @@ docs/training.md describes the loop, resume and outputs.
 from __future__ import annotations
 
 import os
+import shutil
 
 from electralab.cli import run_stage
 from electralab.config import Params
@@ -37,8 +38,11 @@ def main(params: Params, args) -> None:
         from electralab.train.loop import pretrain
 
         summary = pretrain(run, shards, out, scratch, vocab_dir=vocab)
+    # mlflow_run_id: which MLflow run these outputs are; the report reads only the runs the workspace names.
     write_json(root / "metrics" / "pretrain" / f"{run.name}.json",
-               {k: v for k, v in summary.items() if isinstance(v, (int, float))})
+               {k: v for k, v in summary.items() if isinstance(v, (int, float)) or k == "mlflow_run_id"})
+    # Last: until here a kill resumes from the final checkpoint instead of training again from step 0.
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
     python stages/report.py            # what `dvc repro report` runs (the last stage of dvc.yaml)
 
-Reads MLflow (the preset's experiment `electralab-<preset>`; docs/tracking.md) and, for COCO-LM
-Fig. 1/5 only, STS-B dev and the corpus mirror under $ELECTRALAB_DATA. Writes reports/ (one atomic
+Reads MLflow (the preset's experiment `electralab-<preset>`; docs/tracking.md): only the runs that
+metrics/pretrain/<run>.json and metrics/finetune/<run>.json name (the workspace's own outputs); and, for
+COCO-LM Fig. 1/5 only, STS-B dev and the corpus mirror under $ELECTRALAB_DATA. Writes reports/ (one atomic
 directory: index.html, report.md, tables/, figures/, plots/) and metrics/report.json, then logs the
 directory to MLflow as a `stage=report` run. docs/reproducing.md explains how to read it.
 """
@@ -11,25 +12,31 @@ directory to MLflow as a `stage=report` run. docs/reproducing.md explains how to
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from electralab.card import describe
 from electralab.cli import run_stage
-from electralab.config import Params, Preset
+from electralab.config import Params
 from electralab.env import data_root, repo_root
 from electralab.io import write_json
 from electralab.report import Sources, build_report
+from electralab.report.build import workspace_state
 from electralab.report.track import log_report
 
 
-def describe(preset_name: str, preset: Preset, mirror: bool) -> str:
-    """The data and model a preset's numbers come from, one line (printed under every table title)."""
-    m, p = preset.model, preset.pretrain
-    corpus = (", ".join(f.file for f in preset.corpus.mirror) + " (offline mirror)" if mirror
-              else ", ".join(h.path for h in preset.corpus.hub) + " (Hugging Face hub)")
-    cap = f", first {preset.corpus.max_documents} documents" if preset.corpus.max_documents else ""
-    return (f"{preset_name} preset: corpus {corpus}{cap}; {preset.vocab.size}-piece "
-            f"{'uncased' if preset.corpus.uncased else 'cased'} {preset.vocab.model_type.upper()}; main model "
-            f"{m.layers} layers x {m.hidden} hidden; {p.steps} steps x {p.batch_size} sequences x "
-            f"{preset.shards.seq_len} tokens")
+def unavailable(data: Path | None) -> tuple[tuple[str, str], ...]:
+    """The tasks whose evaluation split the offline mirror lacks (QQP's dev): their cells can never fill from it."""
+    from electralab.finetune.tasks import TASKS, MissingSplit, read_split
+
+    out = []
+    for name in TASKS if data is not None else []:
+        for split in TASKS[name].eval_splits:
+            try:
+                read_split(TASKS[name], split.name, data)
+            except MissingSplit as e:
+                out.append((name, str(e)))
+                break
+    return tuple(out)
 
 
 def main(params: Params, args=None) -> None:
@@ -39,10 +46,15 @@ def main(params: Params, args=None) -> None:
     corpus = [data / "corpus" / f.file for f in preset.corpus.mirror] if data else []
     sources = Sources(note=describe(params.preset, preset, mirror=data is not None),
                       stsb_dev=data / "glue" / "STS-B" / "dev.tsv" if data else None,
-                      corpus_files=tuple(f for f in corpus if f.exists()))
+                      corpus_files=tuple(f for f in corpus if f.exists()),
+                      unavailable=unavailable(data))
     root = repo_root()
     out = root / "reports"
-    built = build_report(params.preset, out, sources=sources, runs=params.runs)
+    # The runs this workspace's outputs are (their metrics files record them): not the latest of each name,
+    # which may be another experiment's. A workspace whose stages never recorded one reads the latest.
+    state = workspace_state(root / "metrics")
+    built = build_report(params.preset, out, sources=sources, runs=params.runs,
+                         state=state if state.pretrain or state.finetune else None)
     write_json(root / "metrics" / "report.json", built["metrics"])
     run_id = log_report(built["results"], out, built["tables"])
     filled = sum(c["filled"] for c in built["metrics"]["cells"].values())

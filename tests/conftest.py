@@ -134,4 +134,4 @@ def assert_no_output(path: Path) -> None:
 # The report tests' populated MLflow store (imported last: report_helpers uses the fixtures above).
 from report_helpers import store  # noqa: E402,F401
 # The operations tests' Prefect server and finished ablation (test_flows.py, test_ui.py).
-from ops_helpers import ablation, prefect_api  # noqa: E402,F401
+from ops_helpers import ablation, prefect_api, prefect_server  # noqa: E402,F401

@@ -7,21 +7,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import mirror_root
+from conftest import ROOT, mirror_root
 from project_helpers import BIN, copy_project, env_for, run, shrink
 
-ABLATION = "teams/table4"                                    # 4 runs: electra, teams, teams_full_tie, teams_no_tie
-ABLATION_RUNS = ["electra", "teams", "teams_full_tie", "teams_no_tie"]
+ABLATION = "teams/table4"                                    # its 4 runs at the ablation budget and the control
+ABLATION_RUNS = ["control", "electra_ablation", "teams_ablation", "teams_full_tie", "teams_no_tie"]
 FLOW_TIMEOUT = 600
 
 
@@ -64,9 +66,20 @@ def api(base: str, path: str, body: dict | None = None):
         return json.loads(response.read() or "null")
 
 
+@dataclass(frozen=True)
+class PrefectServer:
+    api: str     # http://127.0.0.1:<port>/api
+    log: Path    # the server's stdout and stderr: its services (the scheduler among them) log there
+
+
 @pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory) -> str:
-    """A Prefect server on a free local port with its SQLite default under a tmp PREFECT_HOME; its API URL."""
+def prefect_api(prefect_server) -> str:
+    return prefect_server.api
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory) -> PrefectServer:
+    """A Prefect server on a free local port with its SQLite default under a tmp PREFECT_HOME."""
     home = tmp_path_factory.mktemp("prefect-server")
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
@@ -78,7 +91,7 @@ def prefect_api(tmp_path_factory) -> str:
                                 stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{port}/api/health", proc, log)
-        yield f"http://127.0.0.1:{port}/api"
+        yield PrefectServer(f"http://127.0.0.1:{port}/api", log)
     finally:
         stop(proc)
 
@@ -88,8 +101,11 @@ def make_project(dest: Path, preset: str = "tiny", **pretrain) -> Path:
     project = copy_project(dest)
     shrink(project, preset, **pretrain)
     env = env_for(project, None)
-    for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"], ["git", "add", "-A"],
+    for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"],
+                [str(BIN / "dvc"), "config", "plots.html_template", "plots.html"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "project"]):
+        if cmd[-1] == "plots.html":   # the project's page for `dvc plots show` (.dvc/plots.html)
+            shutil.copy(ROOT / ".dvc" / "plots.html", project / ".dvc" / "plots.html")
         proc = run(cmd, project, env)
         assert proc.returncode == 0, proc.stderr
     return project

@@ -55,6 +55,7 @@ def set_param(project: Path, dotted: str, value) -> None:
 
 MINI_GRID = {"lr": [1.0e-3], "epochs": [1], "batch_size": [8], "warmup": [0.1]}
 MINI = {
+    "corpus": {"mirror": [{"file": "wikitext-2-raw_test_nonblank.txt", "format": "wikitext"}], "max_documents": 2000},
     "model": {"hidden": 16, "heads": 1, "ffn": 32, "embedding": 16},
     "generators": {"electra": {"hidden": 8, "heads": 1, "ffn": 16}, "cocolm": {"layers": 4},
                    "amos": {"layers": 8}, "teams": {"layers": 6}},
@@ -69,7 +70,8 @@ MINI = {
     "finetune": {"tasks": ["rte", "stsb", "squad2"], "seeds": [1, 2], "efficiency_tasks": ["rte"],
                  "few_shot_tasks": ["rte"], "few_shot_fractions": [0.5],
                  "grids": {"glue_small": MINI_GRID, "glue_large": MINI_GRID, "squad2": MINI_GRID},
-                 "max_seq_len": 64, "max_train_examples": 16, "max_eval_examples": 16, "eval_batch_size": 32,
+                 "max_seq_len": 64, "max_train_examples": 16, "train_caps": {}, "max_eval_examples": 16,
+                 "eval_batch_size": 32,
                  "squad": {"doc_stride": 32, "max_query_len": 16, "max_train_questions": 8, "max_eval_questions": 8},
                  "resources": {"cpus": 1, "gpus": 0, "max_concurrent": None, "local_cpus": 2}},
 }
@@ -84,5 +86,6 @@ def shrink(project: Path, preset: str = "tiny", **pretrain) -> None:
     target = params["presets"][preset]
     for section, values in MINI.items():
         target[section].update(values)
+    target["budgets"] = {"ablation": {}}   # the ablation budget as short as the main one
     target["pretrain"].update(pretrain)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

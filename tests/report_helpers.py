@@ -34,7 +34,12 @@ FINETUNED = ["mlm", "electra", "cocolm", "cocolm_rtd_only", "cocolm_clm_only", "
              "cocolm_no_copy", "cocolm_crop70", "amos", "amos_random_layer", "amos_gen4", "teams", "teams_gen2",
              "teams_sampled_k1", "teams_hardest_k1"]
 OFFSET = {run: 0.5 * i for i, run in enumerate(FINETUNED)}
+# The ablation tables' base rows (runs *_ablation) carry the same values as the main rows they repeat.
+ABLATION_BASES = ("mlm", "electra", "cocolm", "amos", "teams")
+FINETUNED += [f"{run}_ablation" for run in ABLATION_BASES]
+OFFSET |= {f"{run}_ablation": OFFSET[run] for run in ABLATION_BASES}
 MISSING = {("cocolm_no_copy", "rte")}
+SEEDED = {"mlm", "electra", "cocolm"}   # parents that also log their per-seed values (the claim checks)
 STEPS = 200
 ENCODER_RUNS = ("mlm", "electra", "cocolm")
 
@@ -74,10 +79,13 @@ def _run(client, experiment: str, name: str, tags: dict, metrics: dict | None = 
     return run.info.run_id
 
 
-def parent_metrics(median: dict[str, float]) -> dict[str, float]:
+def parent_metrics(median: dict[str, float], seeds: bool = False) -> dict[str, float]:
+    """The parent's statistics; with `seeds`, also seed<k>_<metric> = median + 0.1 (k - 3) for seeds 1-5."""
     out = {}
     for metric, m in median.items():
         out |= {f"median_{metric}": m, f"std_{metric}": 0.3, f"min_{metric}": m - 0.5, f"max_{metric}": m + 0.4}
+        if seeds:
+            out |= {f"seed{k}_{metric}": m + 0.1 * (k - 3) for k in range(1, 6)}
     return out
 
 
@@ -93,7 +101,8 @@ def populate(client, experiment: str, vocab_dir: Path, work: Path) -> None:
 
     t0 = int(time.time() * 1000) - 10_000_000
     # Pretraining runs: metrics over steps every 10 steps, hours linear in the step.
-    for i, run in enumerate(["mlm", "electra", "cocolm", "cocolm_clm_only", "cocolm_all_token_lm", "amos", "amos_gen4"]):
+    for i, run in enumerate(["mlm", "electra", "cocolm", "cocolm_clm_only", "cocolm_all_token_lm", "amos", "amos_gen4",
+                             "cocolm_ablation", "amos_ablation"]):
         rid = _run(client, experiment, run, {"run": run, "method": run.split("_")[0], "tables": "", "preset": "tiny",
                                              "stage": "pretrain", "seed": "1"},
                    params={"pretrain.steps": STEPS}, status="RUNNING", start=t0 + i)
@@ -120,7 +129,8 @@ def populate(client, experiment: str, vocab_dir: Path, work: Path) -> None:
             if (run, task) in MISSING:
                 continue
             medians = {m: median_of(run, task, m) for m in metrics}
-            _run(client, experiment, f"{run}/{task}", finetune_tags(run, task), parent_metrics(medians), start=t0 + 100)
+            _run(client, experiment, f"{run}/{task}", finetune_tags(run, task),
+                 parent_metrics(medians, seeds=run in SEEDED), start=t0 + 100)
     # A later re-run of (cocolm, mnli) wins over the first; a still later FAILED one does not count.
     _run(client, experiment, "cocolm/mnli", finetune_tags("cocolm", "mnli"),
          parent_metrics({"accuracy": 66.6, "accuracy_mm": 67.7}), start=t0 + 200)

@@ -30,9 +30,10 @@ def test_params_yaml_loads_every_preset():
     params = load_params(ROOT / "params.yaml")
     assert params.preset == "tiny"
     tiny = params.active
-    assert tiny.corpus.mirror[0].file == "wikitext-2-raw_test_nonblank.txt"
-    assert tiny.corpus.mirror[0].format == "wikitext"
-    assert (tiny.vocab.size, tiny.shards.seq_len) == (4096, 128)
+    assert [m.file for m in tiny.corpus.mirror] == ["enwiki_featured_articles.txt", "enwiki_good_articles_sample.txt"]
+    assert tiny.corpus.mirror[0].format == "paragraphs" and tiny.corpus.max_documents is None
+    assert (tiny.vocab.size, tiny.shards.seq_len) == (8192, 128)
+    assert tiny.pretrain.guard.enabled and tiny.pretrain.dropout == 0.0 and tiny.pretrain.precision == "auto"
     assert params.presets["base"].vocab.size == 32768 and params.presets["base"].corpus.uncased
     assert params.presets["base_pp"].vocab.size == 64000 and not params.presets["base_pp"].corpus.uncased
 
@@ -52,6 +53,11 @@ def test_params_yaml_loads_every_preset():
     ("presets.tiny.corpus.sources", [], "presets.tiny.corpus: unknown key 'sources'"),
     ("presets.tiny.shards.static_masking.duplication", -1,
      "presets.tiny.shards.static_masking.duplication=-1 is out of range"),
+    ("presets.tiny.pretrain.adam_betas", [1.5, 2.0],
+     "presets.tiny.pretrain.adam_betas=[1.5, 2.0]: betas must be in [0, 1)"),
+    ("presets.tiny.pretrain.checkpoint_fractions", [1.5, -1],
+     "presets.tiny.pretrain.checkpoint_fractions=[1.5, -1.0]: fractions of training must be in (0, 1]"),
+    ("presets.tiny.pretrain.checkpoint_fractions", [0.5, 0.5], "checkpoint_fractions=[0.5, 0.5] repeats a value"),
 ])
 def test_bad_data_settings_name_key_and_value(raw, dotted, value, expected):
     with pytest.raises(ConfigError) as e:
@@ -69,3 +75,55 @@ def test_masking_probabilities_must_leave_room():
         build(MaskingConfig, {"mask_token_prob": 0.9, "random_token_prob": 0.2}, "masking")
     electra = build(MaskingConfig, {"mask_token_prob": 0.85, "random_token_prob": 0.0}, "masking")
     assert electra.mask_prob == 0.15
+
+
+def test_a_runs_budget_picks_its_schedule_and_every_table_compares_at_one_budget():
+    from electralab.report.specs import CONTROL_RUN, TABLES
+    from electralab.runs import resolve_all
+
+    params = load_params(ROOT / "params.yaml")
+    runs, tiny = resolve_all(params), params.active
+    ablation = tiny.budgets["ablation"]
+    assert runs["cocolm"].pretrain == tiny.pretrain
+    assert runs["cocolm_ablation"].pretrain.steps == ablation["steps"] < tiny.pretrain.steps
+    assert runs["cocolm_rtd_only"].pretrain == runs["cocolm_ablation"].pretrain
+    guard = runs["cocolm_ablation"].pretrain.guard   # nested overrides merge key by key
+    assert guard.every == ablation["guard"]["every"] and guard.batches == tiny.pretrain.guard.batches
+    for key, spec in TABLES.items():
+        budgets = {runs[r].spec.budget for r in spec.runs() if r != CONTROL_RUN}
+        assert len(budgets) == 1, (key, budgets)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    with pytest.raises(ConfigError, match=r"runs.cocolm_rtd_only.budget='ablaton' is not a budget of any preset"):
+        resolve_all(parse_params(with_change(raw, "runs.cocolm_rtd_only.budget", "ablaton")))
+    with pytest.raises(ConfigError, match=r"presets.tiny.budgets.ablation.steps=0 is out of range"):
+        parse_params(with_change(raw, "presets.tiny.budgets.ablation.steps", 0))
+
+
+@pytest.mark.parametrize("section, key", [("pretrain", "steps"), ("vocab", "size"), ("model", "layers")])
+def test_a_preset_without_a_scale_key_is_refused_not_given_the_base_default(raw, section, key):
+    broken = copy.deepcopy(raw)
+    del broken["presets"]["small"][section][key]     # not the active preset: every preset is checked
+    with pytest.raises(ConfigError, match=rf"presets\.small\.{section}\.{key}: missing; every preset sets it"):
+        parse_params(broken)
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    lines = (ROOT / "params.yaml").read_text(encoding="utf-8").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("      steps: "))   # the tiny preset's
+    lines.insert(at + 1, "      steps: 7   # pasted twice")
+    path = tmp_path / "params.yaml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"params\.yaml: key 'steps' appears twice in one mapping "
+                                          rf"\(lines {at + 1} and {at + 2}\); keep one"):
+        load_params(path)
+
+
+def test_runs_that_read_each_other_are_a_cycle_not_a_recursion(raw):
+    from electralab.runs import resolve_all
+
+    looped = copy.deepcopy(raw)
+    looped["runs"]["mlm"]["reads"] = "models/electra"
+    looped["runs"]["electra"]["reads"] = "models/mlm/encoder"
+    with pytest.raises(ConfigError, match=r"runs\.mlm\.reads: the runs read each other's output in a cycle "
+                                          r"\(mlm -> electra -> mlm\)"):
+        resolve_all(parse_params(looped))

@@ -146,7 +146,7 @@ def test_truncated_and_missing_shards(tmp_path, shards_dir):
 def test_missing_inputs(tmp_path, corpus_dir, vocab_dir):
     with pytest.raises(DataError, match=r"corpus/manifest.json: no such file; run the corpus stage first"):
         build_shards(tmp_path / "corpus", vocab_dir, tmp_path / "shards", SHARDS)
-    with pytest.raises(DataError, match=r"vocab/tokenizer.json: no such file; run the vocab stage first"):
+    with pytest.raises(DataError, match=r"vocab/electralab_tokenizer.json: no such file; run the vocab stage first"):
         build_shards(corpus_dir, tmp_path / "vocab", tmp_path / "shards", SHARDS)
     assert_no_output(tmp_path / "shards")
 
@@ -154,8 +154,8 @@ def test_missing_inputs(tmp_path, corpus_dir, vocab_dir):
 def test_cased_vocab_with_uncased_corpus(tmp_path, corpus_dir, vocab_dir):
     vocab = tmp_path / "vocab"
     shutil.copytree(vocab_dir, vocab)
-    info = (vocab / "tokenizer.json").read_text().replace('"uncased": true', '"uncased": false')
-    (vocab / "tokenizer.json").write_text(info)
+    info = (vocab / "electralab_tokenizer.json").read_text().replace('"uncased": true', '"uncased": false')
+    (vocab / "electralab_tokenizer.json").write_text(info)
     with pytest.raises(DataError, match=r"spm.model: the vocabulary is cased but .*corpus is uncased"):
         build_shards(corpus_dir, vocab, tmp_path / "shards", SHARDS)
     assert_no_output(tmp_path / "shards")

@@ -62,8 +62,8 @@ def test_dvc_repro_tiny(tmp_path):
     assert (project / "data" / "vocab" / "spm.model").is_file()
     shards = json.loads((project / "data" / "shards" / "manifest.json").read_text())
     metrics = {s: json.loads((project / "metrics" / f"{s}.json").read_text()) for s in ("corpus", "vocab", "shards")}
-    assert metrics["corpus"]["documents"] == 62                   # WikiText-2 test: 62 articles
-    assert metrics["vocab"]["vocab_size"] == 4096
+    assert metrics["corpus"]["documents"] == 5997                 # the mirror's 4,012 + 1,985 Wikipedia articles
+    assert metrics["vocab"]["vocab_size"] == 8192
     assert metrics["shards"]["train_blocks"] == shards["splits"]["train"]["blocks"] > 2000
     assert shards["seq_len"] == 128 and metrics["shards"]["validation_blocks"] > 0
 

@@ -15,7 +15,7 @@ from electralab.config import ConfigError
 from electralab.data import DataError
 from electralab.data.corpus import iter_documents, read_corpus_manifest
 from electralab.data.text import normalize
-from electralab.data.vocab import Tokenizer, train_vocab
+from electralab.data.vocab import TOKENIZER_FILE, Tokenizer, train_vocab
 from conftest import ROOT, VOCAB, assert_no_output
 
 
@@ -42,7 +42,7 @@ def test_deterministic_for_a_seed(tmp_path, corpus_dir, vocab_dir):
     subprocess.run([sys.executable, "-c", code, str(corpus_dir), str(tmp_path / "again")], env=env, check=True,
                    capture_output=True)
     assert (tmp_path / "again" / "spm.model").read_bytes() == (vocab_dir / "spm.model").read_bytes()
-    assert (tmp_path / "again" / "tokenizer.json").read_bytes() == (vocab_dir / "tokenizer.json").read_bytes()
+    assert (tmp_path / "again" / TOKENIZER_FILE).read_bytes() == (vocab_dir / TOKENIZER_FILE).read_bytes()
 
     assert read_corpus_manifest(corpus_dir)["paragraphs"] > VOCAB.input_sentence_size
     metrics = train_vocab(corpus_dir, tmp_path / "seed2", dataclasses.replace(VOCAB, seed=2))

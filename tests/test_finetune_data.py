@@ -251,3 +251,33 @@ def test_gold_spans_decode_to_the_gold_answers(vocab_dir):
     assert ((labels[:, 0] == 0) == (labels[:, 1] == 0)).all() and (labels[:, 1] >= labels[:, 0]).all()
     impossible = {i for i, x in enumerate(examples) if not x.has_answer}
     assert all((labels[train.example == i] == 0).all() for i in impossible)
+
+
+def test_a_zero_width_best_span_gives_the_best_non_empty_span_not_no_answer(vocab_dir):
+    """A piece that covers no character (a lone "▁" before punctuation) as both start and end of the
+    best-scoring span: the answer is the best span that covers text, as BERT's post-processing gives,
+    not "" (the null score lost)."""
+    from electralab.finetune.tasks import SquadExample
+
+    tok = Tokenizer(vocab_dir)
+    context = "The Normans ( Norman : Nourmands ) gave their name to Normandy ."
+    example = SquadExample(qid="q", question="Who gave their name?", context=context, answers=("The Normans",),
+                           answer_start=0)
+    cfg = SquadSettings(doc_stride=32, max_query_len=16, max_answer_len=30)
+    windows = squad_windows(tok, [example], 64, cfg, train=False)
+    first, last = windows.char_start[0], windows.char_end[0]
+    empty = np.flatnonzero((first >= 0) & (last == first))
+    assert len(empty), "no zero-width piece in this context: pick another one"
+    n = windows.encoded.lengths[0]
+    start, end = np.zeros(n), np.zeros(n)
+    start[empty[0]] = end[empty[0]] = 9.0                          # the best span covers no character
+    answer = np.flatnonzero(first == 0)[0]                         # "The ...": the best span with text
+    start[answer], end[answer + 1] = 5.0, 5.0
+    start[0] = end[0] = 1.0                                        # the null score loses by far
+    prediction = decode(windows, [start], [end], cfg)["q"]
+    assert prediction != "" and context.startswith(prediction)
+
+
+def test_a_missing_squad_prediction_is_an_error_not_a_smaller_denominator():
+    with pytest.raises(ValueError, match=r"SQuAD: 1 of 2 questions have no prediction \(first: q2\)"):
+        squad_metrics({"q1": ("Rollo",), "q2": ("x",)}, {"q1": "rollo"})

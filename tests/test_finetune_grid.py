@@ -89,17 +89,19 @@ def model_dir(tmp_path, fractions=(0.25, 0.5, 1.0)):
 
 def test_plan_adds_the_extras_of_the_runs_tables(tmp_path):
     root = model_dir(tmp_path)
-    cocolm = plan(resolve_run(PARAMS, "cocolm"), TINY, root)            # coco-lm/fig3 and coco-lm/fig7
-    keys = [g.key for g in cocolm.groups]
-    assert keys[:9] == list(TINY.tasks)
-    assert keys[9:] == ["mnli@ckpt025", "mnli@ckpt050", "mnli@labels0.01", "mnli@labels0.1", "mnli@labels0.2"]
+    cocolm = plan(resolve_run(PARAMS, "cocolm"), TINY, root)            # coco-lm/fig3: MNLI on its checkpoints
+    keys, n = [g.key for g in cocolm.groups], len(TINY.tasks)
+    assert keys[:n] == list(TINY.tasks)
+    assert keys[n:] == ["mnli@ckpt025", "mnli@ckpt050"]
+    ablation = plan(resolve_run(PARAMS, "cocolm_ablation"), TINY, root)  # coco-lm/fig7: MNLI on fractions of its labels
+    assert [g.key for g in ablation.groups][n:] == ["mnli@labels0.01", "mnli@labels0.1", "mnli@labels0.2"]
     assert cocolm.hours == {FINAL: {"wall_hours": 2.0, "device_hours": 4.0}, "025": {"wall_hours": 0.25, "device_hours": 0.5},
                             "050": {"wall_hours": 0.5, "device_hours": 1.0}}
     assert set(cocolm.encoders) == {FINAL, "025", "050"}                # 100% is the final encoder
-    assert [g.key for g in plan(resolve_run(PARAMS, "amos"), TINY, root).groups][9:] == ["mnli@ckpt025", "mnli@ckpt050"]
-    assert len(plan(resolve_run(PARAMS, "teams"), TINY, root).groups) == 9
+    assert [g.key for g in plan(resolve_run(PARAMS, "amos"), TINY, root).groups][n:] == ["mnli@ckpt025", "mnli@ckpt050"]
+    assert len(plan(resolve_run(PARAMS, "teams"), TINY, root).groups) == n
     bare = plan(resolve_run(PARAMS, "mlm"), TINY, model_dir(tmp_path / "bare", fractions=()))
-    assert list(bare.missing) == ["mnli@checkpoints"] and len(bare.groups) == 9
+    assert list(bare.missing) == ["mnli@checkpoints"] and len(bare.groups) == n
     assert "no pretraining fraction checkpoints" in bare.missing["mnli@checkpoints"]
 
 

@@ -119,7 +119,29 @@ def test_squad_scores_with_several_golds_unanswerable_and_empty_predictions():
     assert out["no_ans_exact"] == pytest.approx(50.0) and out["no_ans_f1"] == pytest.approx(50.0)
 
 
-def test_squad_skips_questions_without_a_prediction_and_omits_empty_breakdowns():
-    out = M.squad_metrics({"q1": ("Rollo",), "q2": ("x",)}, {"q1": "rollo"})
+def test_squad_omits_empty_breakdowns_and_refuses_missing_predictions():
+    out = M.squad_metrics({"q1": ("Rollo",), "q2": ("x",)}, {"q1": "rollo", "q2": "x"})
     assert out == {"exact": 100.0, "f1": 100.0, "has_ans_exact": 100.0, "has_ans_f1": 100.0}
-    assert M.squad_metrics({"q1": ("x",)}, {}) == {}
+    with pytest.raises(ValueError, match="1 of 1 questions have no prediction"):
+        M.squad_metrics({"q1": ("x",)}, {})
+
+
+# --- diverged models and malformed inputs -------------------------------------------------------------
+
+def test_a_non_finite_prediction_has_no_correlation():
+    """A model that diverged to NaN: Spearman used to rank NaN as the largest value and score it (8.25
+    on STS-B dev); Pearson and Spearman are both undefined, as any metric of a non-finite output."""
+    gold = np.linspace(0, 5, 50)
+    for bad in (np.full(50, np.nan), np.r_[np.full(10, np.nan), gold[10:]], np.r_[np.inf, gold[1:]]):
+        assert np.isnan(M.spearman(bad, gold)) and np.isnan(M.pearson(bad, gold))
+    assert M.glue_metrics("stsb", np.full(50, np.nan), gold) == pytest.approx(
+        {"pearson": np.nan, "spearman": np.nan}, nan_ok=True)
+
+
+@pytest.mark.parametrize("metric", [M.accuracy, M.f1_positive, M.matthews, M.pearson, M.spearman])
+def test_metrics_refuse_mismatched_shapes_instead_of_broadcasting(metric):
+    pred, gold = random_labels(0, n=20)
+    with pytest.raises(ValueError, match=r"predictions \(20, 1\), labels \(20,\)"):
+        metric(pred[:, None], gold)
+    with pytest.raises(ValueError, match=r"predictions \(19,\), labels \(20,\)"):
+        metric(pred[:19], gold)

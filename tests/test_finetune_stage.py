@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from electralab.config import EncoderConfig, TrialResources, load_params
+from electralab.config import EncoderConfig, SquadSettings, TrialResources, load_params
 from electralab.errors import TrialsFailed
 from electralab.export import save_encoder
 from electralab.io import write_json
@@ -52,7 +53,8 @@ def models(tmp_path_factory, vocab_dir) -> Path:
     root = tmp_path_factory.mktemp("models") / "run"
     vocab = Tokenizer(vocab_dir).vocab_size
     save_encoder(tiny_encoder(vocab, 0), root / "encoder", vocab_dir)
-    write_json(root / "summary.json", {"wall_hours": 0.5, "device_hours": 0.5, "steps": 100})
+    write_json(root / "summary.json", {"wall_hours": 0.5, "device_hours": 0.5, "steps": 100,
+                                       "mlflow_run_id": "the-pretraining-run"})
     for pct, seed in (("050", 1), ("100", 0)):
         save_encoder(tiny_encoder(vocab, seed), root / "fractions" / pct / "encoder")
         write_json(root / "fractions" / pct / "meta.json",
@@ -204,6 +206,77 @@ def test_stage_errors_are_one_line_and_leave_no_metrics(tmp_path, env, capsys):
     assert not (root / "metrics").exists()
 
 
+def test_a_binary_glue_dev_file_is_a_named_error(tmp_path, models, env, capsys, monkeypatch):
+    root = make_project(tmp_path, models, "mlm", tasks=["rte"], efficiency_tasks=["rte"], few_shot_tasks=["rte"])
+    env(root)
+    rte = tmp_path / "mirror" / "glue" / "RTE"
+    rte.mkdir(parents=True)
+    shutil.copy(mirror_root() / "glue" / "RTE" / "train.tsv", rte)
+    (rte / "dev.tsv").write_bytes(bytes(range(256)) * 8)          # not text at all
+    monkeypatch.setenv("ELECTRALAB_DATA", str(tmp_path / "mirror"))
+    stage = load_stage()
+    with pytest.raises(SystemExit) as exit_info:
+        stage.run_stage("finetune", stage.main, ["--params", str(root / "params.yaml"), "mlm"], stage.arguments)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert f"error: {rte / 'dev.tsv'}: not UTF-8 text at byte 128" in err
+    assert not (root / "metrics").exists()
+
+
+def test_a_requested_task_without_its_dev_file_fails_the_stage_unless_allowed(tmp_path, models, env, capsys,
+                                                                             monkeypatch, local_ray, mlflow_uri):
+    """A missing GLUE dev file used to exit 0 with the task recorded as missing: `dvc repro` and the flow
+    reported success. Now the stage stops before any trial, naming the file and the flag that allows it."""
+    root = make_project(tmp_path, models, "mlm", tasks=["rte"], efficiency_tasks=["rte"], few_shot_tasks=["rte"])
+    env(root)
+    rte = tmp_path / "mirror" / "glue" / "RTE"
+    rte.mkdir(parents=True)
+    shutil.copy(mirror_root() / "glue" / "RTE" / "train.tsv", rte)          # no dev.tsv
+    monkeypatch.setenv("ELECTRALAB_DATA", str(tmp_path / "mirror"))
+    stage = load_stage()
+    argv = ["--params", str(root / "params.yaml"), "mlm"]
+    with pytest.raises(SystemExit) as exit_info:
+        stage.run_stage("finetune", stage.main, argv, stage.arguments)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "requested task(s) cannot run (rte: no dev split: glue/RTE/dev.tsv is not in the ELECTRALAB_DATA mirror" in err
+    assert "set ELECTRALAB_ALLOW_MISSING=1" in err and not (root / "metrics").exists()
+
+    monkeypatch.setenv("ELECTRALAB_ALLOW_MISSING", "1")
+    stage.run_stage("finetune", stage.main, argv, stage.arguments)
+    out = json.loads((root / "metrics" / "finetune" / "mlm.json").read_text())
+    assert "glue/RTE/dev.tsv" in out["missing"]["rte"] and out["trials"] == 0
+    # which MLflow runs these are, and of which pretraining run (the report reads only those)
+    assert out["mlflow"]["pretrain_run_id"] == "the-pretraining-run"
+    parents = search(mlflow_uri, "mlm", "finetune").set_index("run_id")
+    assert set(out["mlflow"]["parents"]) == set(out["missing"]) and set(out["mlflow"]["parents"].values()) <= set(parents.index)
+    assert (parents.loc[list(out["mlflow"]["parents"].values()), "tags.pretrain_run_id"] == "the-pretraining-run").all()
+
+
+def test_a_killed_grids_parent_is_resumed_or_closed_killed_not_left_running(tmp_path, models, env, mlflow_uri):
+    """A SIGKILLed stage leaves its parents RUNNING: the rerun continues the one whose inputs are the same and
+    closes the one whose inputs changed as KILLED."""
+    from mlflow import MlflowClient
+
+    from electralab.finetune.grid import Group
+    from electralab.finetune.tasks import TASKS
+    from electralab.finetune.track import FinetuneTracker
+
+    root = make_project(tmp_path, models, "mlm")
+    env(root)
+    run = resolve_run(load_params(root / "params.yaml"), "mlm")
+    state = tmp_path / "parents.json"
+    killed = FinetuneTracker(run, (1, 2), state)
+    same, changed = (killed.parent(Group(t), TASKS[t], f"{t}-inputs") for t in ("rte", "stsb"))
+    rerun = FinetuneTracker(run, (1, 2), state)
+    assert rerun.parent(Group("rte"), TASKS["rte"], "rte-inputs") == same
+    replacement = rerun.parent(Group("stsb"), TASKS["stsb"], "stsb-inputs-changed")
+    client = MlflowClient(mlflow_uri)
+    assert replacement != changed and client.get_run(changed).info.status == "KILLED"
+    assert "inputs changed" in client.get_run(changed).data.tags["error"]
+    assert {client.get_run(r).info.status for r in (same, replacement)} == {"RUNNING"}
+
+
 # --------------------------------------------------------------------------------------------------
 # Retries, interruption, resume
 
@@ -343,3 +416,59 @@ def test_any_runs_export_fine_tunes(tmp_path, vocab_dir, export, on_top, layers)
     data = prepare(TASKS["rte"], Tokenizer(tmp_path / "encoder"), cfg, mirror_root())[1.0]
     history = run_trial(data, encoder, HParams(1e-3, 1, 16, 0.1), seed=1, settings=TrialSettings.of(cfg))
     assert 0 <= history[-1]["accuracy"] <= 100
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_a_diverged_model_scores_nan_never_wins_selection_and_leaves_no_glue_average(vocab_dir, tmp_path, models, env,
+                                                                                     mlflow_uri):
+    """A model that diverged to NaN through evaluation and grid selection: every metric of it is NaN (STS-B's
+    Spearman used to be 8.45 and beat a weak real configuration), a real configuration wins although the
+    diverged one comes first in the grid, and the GLUE average stays undefined."""
+    from electralab.data.vocab import Tokenizer
+    from electralab.finetune.data import prepare
+    from electralab.finetune.grid import Group, HParams, TrialSpec, select
+    from electralab.finetune.model import FinetuneModel
+    from electralab.finetune.protocol import summarize
+    from electralab.finetune.tasks import TASKS
+    from electralab.finetune.trial import TrialSettings, evaluate
+
+    tok = Tokenizer(vocab_dir)
+    cfg = dataclasses.replace(load_params(ROOT / "params.yaml").presets["tiny"].finetune, max_seq_len=64,
+                              max_train_examples=16, max_eval_examples=128,
+                              squad=SquadSettings(doc_stride=32, max_query_len=16, max_eval_questions=16))
+    settings = TrialSettings.of(cfg)
+    diverged, weak = HParams(1e-3, 2, 32, 0.1), HParams(3e-4, 2, 32, 0.1)
+    selections = {}
+    for name in ("stsb", "rte", "squad2"):
+        task = TASKS[name]
+        data = prepare(task, tok, cfg, mirror_root())[1.0]
+        finals = {}
+        for seed in (1, 2, 3):
+            broken = tiny_encoder(tok.vocab_size, seed)
+            with torch.no_grad():
+                for p in broken.parameters():
+                    p.fill_(float("nan"))
+            nan_metrics = evaluate(FinetuneModel(broken, task), data, settings, torch.device("cpu"))
+            assert nan_metrics and all(np.isnan(v) for v in nan_metrics.values()), (name, nan_metrics)
+            finals[TrialSpec(Group(name), diverged, seed)] = nan_metrics
+            real = evaluate(FinetuneModel(tiny_encoder(tok.vocab_size, seed), task), data, settings, torch.device("cpu"))
+            assert all(np.isfinite(v) for v in real.values()), (name, real)
+            finals[TrialSpec(Group(name), weak, seed)] = real
+        selections[Group(name)] = selection = select(finals, [diverged, weak], task.main_metric)
+        assert selection.best == weak and np.isfinite(selection.stats[f"median_{task.main_metric}"])
+    assert "glue_avg" not in summarize(selections, {}, 1.0)
+
+    # A grid where every configuration diverged: its parent says which metrics failed (the report's "failed").
+    from mlflow import MlflowClient
+
+    from electralab.finetune.track import FinetuneTracker
+
+    root = make_project(tmp_path, models, "mlm")
+    env(root)
+    only_nan = {s: m for s, m in finals.items() if s.hparams == diverged}
+    tracker = FinetuneTracker(resolve_run(load_params(root / "params.yaml"), "mlm"), (1, 2, 3), tmp_path / "p.json")
+    parent = tracker.parent(Group("squad2"), TASKS["squad2"], "inputs")
+    tracker.finish(parent, select(only_nan, [diverged], "f1"), {}, {})
+    finished = MlflowClient(mlflow_uri).get_run(parent)
+    assert finished.data.tags["failed_metrics"] == ",".join(sorted(only_nan[next(iter(only_nan))]))
+    assert not any(k.startswith("median_") for k in finished.data.metrics)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from project_helpers import BIN, run, set_param
 
 sys.path.insert(0, str(ROOT / "flows"))
 from reproduce import StageFailed, make_plan, retry_unless_bad_input, stage_targets  # noqa: E402
+from deployments import DEPLOYMENTS  # noqa: E402
 
 from electralab.errors import ConfigError  # noqa: E402
 
@@ -52,8 +54,8 @@ def mlflow_runs(db: Path, experiment: str = "electralab-tiny"):
 def test_plan_puts_producers_first_and_names_the_stages_dvc_yaml_lacks():
     plan = make_plan(ROOT, tables=["amos/table8"])
     assert plan.preset == "tiny" and plan.in_place and plan.workspace == ROOT
-    assert plan.runs.index("amos") < plan.runs.index("amos_final_mix")
-    assert make_plan(ROOT, runs=["cocolm_converged_aux"]).runs == ("cocolm", "cocolm_converged_aux")
+    assert plan.runs.index("amos_ablation") < plan.runs.index("amos_final_mix")
+    assert make_plan(ROOT, runs=["cocolm_converged_aux"]).runs == ("cocolm_ablation", "cocolm_converged_aux")
     every = make_plan(ROOT)
     assert len(every.runs) == len(yaml.safe_load((ROOT / "params.yaml").read_text())["runs"])
     other = make_plan(ROOT, preset="small", runs=["mlm"])
@@ -62,7 +64,7 @@ def test_plan_puts_producers_first_and_names_the_stages_dvc_yaml_lacks():
     present, skipped = stage_targets({"corpus", "vocab", "shards", "pretrain@cocolm", "pretrain@cocolm_no_copy"},
                                      ("cocolm", "cocolm_no_copy"))
     assert present == ["corpus", "shards", "pretrain@cocolm", "pretrain@cocolm_no_copy"]
-    assert skipped == ["finetune@cocolm", "finetune@cocolm_no_copy", "report"]
+    assert skipped == ["finetune@cocolm", "export@cocolm", "finetune@cocolm_no_copy", "export@cocolm_no_copy", "report"]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -101,6 +103,67 @@ def test_a_flow_with_a_bad_preset_table_or_run_fails_in_prefect_before_any_work(
     assert ((project / "dvc.yaml").stat().st_mtime_ns, sorted(p.name for p in project.iterdir())) == before
 
 
+def test_a_flow_run_cannot_be_pointed_at_another_directory(tmp_path, prefect_api):
+    """A deployment's `project` parameter reaches the flow from anyone who can reach the Prefect API: it must
+    not run `dvc repro` in an arbitrary directory, only in the flow's own project or one the serving process
+    lists in $ELECTRALAB_PROJECTS."""
+    project, other = make_project(tmp_path / "project"), make_project(tmp_path / "other")
+    env = flow_env(project, prefect_api, tmp_path / "mlflow.db")
+    before = sorted(p.name for p in other.iterdir())
+    proc = flow(project, env, "--project", str(other), "--runs", "mlm")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"error: project '{other}' is not this flow's project ({project}) nor listed in $ELECTRALAB_PROJECTS" \
+        in proc.stderr
+    flow_run = flow_run_named(prefect_api, "params.yaml: mlm")
+    assert flow_run["state_type"] == "FAILED" and task_runs(prefect_api, flow_run["id"]) == []
+    assert sorted(p.name for p in other.iterdir()) == before                # nothing ran there
+    listed = flow(project, {**env, "ELECTRALAB_PROJECTS": str(other)}, "--project", str(other), "--runs", "mlm",
+                  "--targets")
+    assert listed.returncode == 0 and listed.stdout.split() == ["corpus", "shards", "pretrain@mlm", "finetune@mlm"]
+
+
+# ---- schedules ----------------------------------------------------------------------------------------
+
+def test_the_cron_schedules_of_the_deployments_produce_scheduled_flow_runs_and_the_scheduler_logs_no_errors(
+        tmp_path, prefect_server):
+    """Scheduled flows in the Prefect UI need the server's scheduler. Under SQLAlchemy 2.1 Prefect 3.8.8's
+    scheduler raised InvalidRequestError on every pass and no deployment got a run: a lock update must not
+    break it silently again (requirements.lock pins SQLAlchemy 2.0)."""
+    log_start = prefect_server.log.stat().st_size
+    env = {**os.environ, "PREFECT_API_URL": prefect_server.api, "PREFECT_HOME": str(tmp_path / "prefect-client")}
+    code = ("import sys; sys.path.insert(0, 'flows'); from deployments import deployments\n"
+            "for d in deployments(): print(d.name, d.apply())")   # what `python flows/deployments.py` registers
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=FLOW_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ids = dict(line.split() for line in proc.stdout.splitlines())
+    crons = {name: cron for name, cron, _, _ in DEPLOYMENTS}
+    assert set(ids) == set(crons)
+
+    def scheduled() -> dict[str, list[datetime]]:
+        runs = api(prefect_server.api, "flow_runs/filter", {"flow_runs": {
+            "deployment_id": {"any_": list(ids.values())}, "state": {"type": {"any_": ["SCHEDULED"]}}}})
+        names = {v: k for k, v in ids.items()}
+        out: dict[str, list[datetime]] = {name: [] for name in ids}
+        for r in runs:
+            out[names[r["deployment_id"]]].append(datetime.fromisoformat(r["expected_start_time"]))
+        return {name: sorted(times) for name, times in out.items()}
+
+    deadline = time.monotonic() + 90   # the server schedules recently changed deployments every 5 s
+    while min(len(scheduled()[name]) for name, cron in crons.items() if cron) < 3:
+        assert time.monotonic() < deadline, prefect_server.log.read_text()[log_start:][-3000:]
+        time.sleep(1)
+    runs = scheduled()
+    assert runs["tiny-one-table"] == []   # on demand only
+    nightly, weekly = runs["nightly-tiny"], runs["weekly-small"]
+    assert all((t.hour, t.minute, t.utcoffset().total_seconds()) == (2, 0, 0) for t in nightly), nightly
+    assert all((b - a).days == 1 for a, b in zip(nightly, nightly[1:])), nightly
+    assert all((t.weekday(), t.hour, t.minute) == (5, 4, 0) for t in weekly), weekly   # Saturdays 04:00 UTC
+    log = prefect_server.log.read_text()[log_start:]
+    errors = [line for line in log.splitlines() if "ERROR" in line or "Traceback" in line or "Error:" in line]
+    assert not errors, log[-3000:]
+
+
 # ---- failures propagate -----------------------------------------------------------------------------
 
 def test_the_corpus_stage_retries_unless_it_reported_bad_input():
@@ -137,7 +200,8 @@ def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     project, db, proc = ablation
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The whole pipeline for one table: data once, then each run's pretraining and fine-tuning, then the report.
-    expected = ["corpus", "vocab", "shards"] + [f"{s}@{r}" for r in ABLATION_RUNS for s in ("pretrain", "finetune")]
+    expected = ["corpus", "vocab", "shards"] + [f"{s}@{r}" for r in ABLATION_RUNS
+                                                for s in ("pretrain", "finetune", "export")]
     assert ran(proc.stdout + proc.stderr) == expected + ["report"]
     assert "dvc.yaml has no stage" not in proc.stdout + proc.stderr
 
@@ -156,6 +220,8 @@ def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     parents = client.search_runs([experiment.experiment_id], "tags.stage = 'finetune'")
     assert {(r.data.tags["run"], r.data.tags["task"]) for r in parents if r.data.tags.get("checkpoint", "final") == "final"
             and r.data.tags.get("label_fraction", "1.0") == "1.0"} >= {(r, t) for r in ABLATION_RUNS for t in ("rte", "stsb", "squad2")}
+
+    check_export(project, "teams", next(r.info.run_id for r in runs if r.data.tags["run"] == "teams"))
 
     summary = api(prefect_api, "artifacts/filter", {"artifacts": {"key": {"any_": ["reproduce-tiny"]},
                                                                   "flow_run_id": {"any_": [flow_run["id"]]}}})
@@ -178,12 +244,37 @@ def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     assert {"tiny-coco-lm-table1", "tiny-coco-lm-table3", "tiny-amos-table2", "tiny-teams-table1"} <= keys
 
 
+def check_export(project: Path, run: str, pretrain_run_id: str) -> None:
+    """exports/<run>/ as transformers' users load it: the tokenizer gives our ids, the model our encoder's outputs
+    (TEAMS: its MWS branch, relative positions: the remote code), and the card lists the run's medians."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from electralab.data.vocab import Tokenizer
+    from electralab.export import load_encoder
+
+    export, ours = project / "exports" / run, project / "models" / run / "encoder"
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    model = AutoModel.from_pretrained(export, trust_remote_code=True).eval()
+    texts = ["The cat sat on the mat.", "Zürich's  second, longer sentence\tabout something else entirely."]
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    mask = batch["attention_mask"].bool()
+    for row, text in zip(batch["input_ids"], texts):
+        assert row[row != 0].tolist() == [2, *Tokenizer(ours).encode(text), 3]
+    with torch.no_grad():
+        expected = load_encoder(ours).eval()(batch["input_ids"], mask)[-1]
+        assert torch.allclose(model(**batch).last_hidden_state[mask], expected[mask], atol=1e-5)
+    card = (export / "README.md").read_text()
+    assert f"pretraining run `{pretrain_run_id}`" in card and "trust_remote_code=True" in card
+    assert re.search(r"\| RTE \| \d+\.\d \|", card) and "| MNLI-m | — (not fine-tuned) |" in card, card
+
+
 def test_one_table_through_dvc_repro_then_the_flow_agrees_and_prefect_never_caches_a_stage(tmp_path, prefect_api):
     project = make_project(tmp_path / "project")
     env = flow_env(project, prefect_api, tmp_path / "mlflow.db")
     targets = subprocess.run(reproduce_cmd("--tables", "coco-lm/table1", "--targets"), cwd=project, env=env,
                              capture_output=True, text=True, timeout=120)
-    runs = [f"{s}@{r}" for r in ("mlm", "electra", "cocolm") for s in ("pretrain", "finetune")]
+    runs = [f"{s}@{r}" for r in ("mlm", "electra", "cocolm") for s in ("pretrain", "finetune", "export")]
     assert targets.stdout.split() == ["corpus", "shards", *runs], targets.stderr
     proc = subprocess.run([str(BIN / "dvc"), "repro", *targets.stdout.split()], cwd=project, env=env,
                           capture_output=True, text=True, timeout=FLOW_TIMEOUT)
@@ -206,7 +297,7 @@ def test_one_table_through_dvc_repro_then_the_flow_agrees_and_prefect_never_cach
     set_param(project, "runs.cocolm.settings", {"crop_fraction": 0.85})
     changed = flow(project, env, "--tables", "coco-lm/table1")
     assert changed.returncode == 0, changed.stderr[-3000:]
-    assert ran(changed.stdout + changed.stderr) == ["pretrain@cocolm", "finetune@cocolm", "report"]
+    assert ran(changed.stdout + changed.stderr) == ["pretrain@cocolm", "finetune@cocolm", "export@cocolm", "report"]
 
 
 # ---- faults -------------------------------------------------------------------------------------------
@@ -230,7 +321,7 @@ def test_kill_mid_pretraining_then_the_flow_again_resumes_and_redoes_nothing_fin
     again = flow(project, env, "--runs", "electra")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     output = again.stdout + again.stderr
-    assert ran(output) == ["pretrain@electra", "finetune@electra", "report"], ran(output)   # no data stage redone
+    assert ran(output) == ["pretrain@electra", "finetune@electra", "export@electra", "report"], ran(output)   # no data stage redone
     for stage in ("corpus", "vocab", "shards"):
         assert f"Stage '{stage}' didn't change, skipping" in output
     _, _, runs = mlflow_runs(db)
@@ -251,7 +342,7 @@ def test_two_flows_at_once_on_another_presets_workspace_one_waits_and_params_sta
     # The second flow waited for the first to end, then found every stage up to date: each ran once (but the
     # report, which always runs).
     assert sorted(ran(outputs[0]) + ran(outputs[1])) == sorted(["corpus", "vocab", "shards", "pretrain@mlm",
-                                                                "finetune@mlm", "report", "report"])
+                                                                "finetune@mlm", "export@mlm", "report", "report"])
     assert sum("waiting for another reproduce flow" in out for out in outputs) == 1
 
     assert (project / "params.yaml").read_bytes() == params                  # the user's file: untouched

@@ -184,6 +184,8 @@ def test_import_into_mlflow_then_the_report_shows_the_sprint(sprint, tmp_path):
     child = client.search_runs([experiment], "tags.stage = 'finetune-trial' and tags.run = 'mlm'")[0]
     parent = client.get_run(child.data.tags["mlflow.parentRunId"])   # mapped to the imported parent
     assert parent.data.tags["stage"] == "finetune" and parent.data.tags["run"] == "mlm"
+    mlm = client.search_runs([experiment], "tags.stage = 'pretrain' and tags.run = 'mlm'")[0]
+    assert parent.data.tags["pretrain_run_id"] == mlm.info.run_id   # the log's id mapped to the imported run
     # The report reads the imported runs like any others: the sprint's tasks filled, the others empty.
     table = list(csv.DictReader((tmp_path / "report" / "tables" / "coco-lm_table1.csv").open()))
     cell = {(x["run"], x["column"]): x["ours"] for x in table}
@@ -349,8 +351,8 @@ def test_plan_packs_whole_units_and_gives_equal_seconds():
     assert pretrain_seconds([80, 300, 300], 3, 50) == pytest.approx(100, abs=0.1)
     assert pretrain_seconds([80, 300], 3, 50) == pytest.approx(50, abs=0.1)       # 0 + 3 units of 100 s
     assert pretrain_seconds([40, 40], 3, 50) == 0.0                                # nothing fits
-    probes = {"mlm": {"step_s": 0.02, "tokens_per_step": 100, "flops_per_step": 1e9},
-              "electra": {"step_s": 0.05, "tokens_per_step": 100, "flops_per_step": 2e9}}
+    probes = {"mlm": {"step_s": 0.02, "tokens_per_step": 100, "tokens_per_s": 5000, "flops_per_step": 1e9},
+              "electra": {"step_s": 0.05, "tokens_per_step": 100, "tokens_per_s": 2000, "flops_per_step": 2e9}}
     plan = make_plan(probes, ("mlm", "electra"), 40.0, 10.0, 200.0, 1, 400.0, None, piece_now=1)
     assert plan["pretrain_seconds"] == pytest.approx(150, abs=0.1)   # one unit of P + 50 s in 200 s, one in 400 s
     assert plan["runs"]["mlm"]["steps"] == int(plan["pretrain_seconds"] / 0.02)

@@ -1,5 +1,5 @@
 """The pretraining stage as users run it: DVC end to end with MLflow, exact resume after SIGKILL, the NaN
-guard, Ray Train with two workers against one, gradient accumulation, the registry, the HF export.
+guard, Ray Train with two workers against one, gradient accumulation, the registry (the HF export: test_export.py).
 
 A miniature preset (12 x 16 main model, 32-token blocks, a few steps) keeps each run to seconds."""
 
@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,25 +76,26 @@ def test_dvc_repro_pretrain_with_dependent_runs_and_mlflow(tmp_path):
     proc = run([str(BIN / "dvc"), "repro", "pretrain@cocolm_converged_aux", "pretrain@amos_final_mix"], project, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # DVC ran each run's producer first: the converged auxiliary and the final mixture weights exist.
-    for stage in ("shards", "pretrain@cocolm", "pretrain@cocolm_converged_aux", "pretrain@amos", "pretrain@amos_final_mix"):
+    for stage in ("shards", "pretrain@cocolm_ablation", "pretrain@cocolm_converged_aux", "pretrain@amos_ablation",
+                  "pretrain@amos_final_mix"):
         assert f"Running stage '{stage}'" in proc.stdout
-    assert proc.stdout.index("'pretrain@cocolm'") < proc.stdout.index("'pretrain@cocolm_converged_aux'")
+    assert proc.stdout.index("'pretrain@cocolm_ablation'") < proc.stdout.index("'pretrain@cocolm_converged_aux'")
 
-    out = project / "models" / "cocolm"
+    out = project / "models" / "cocolm_ablation"
     assert {p.name for p in out.iterdir()} == {"encoder", "auxiliary.pt", "fractions", "summary.json"}
     assert {p.name for p in (out / "fractions").iterdir()} == {"050", "100"}
     assert json.loads((out / "fractions" / "050" / "meta.json").read_text())["step"] == 4
-    assert (out / "encoder" / "tokenizer.json").is_file()   # the vocabulary travels with the model
-    assert not (project / "checkpoints" / "cocolm").exists()   # scratch cleared after success
-    metrics = json.loads((project / "metrics" / "pretrain" / "cocolm.json").read_text())
+    assert (out / "encoder" / "electralab_tokenizer.json").is_file()   # the vocabulary travels with the model
+    assert not (project / "checkpoints" / "cocolm_ablation").exists()   # scratch cleared after success
+    metrics = json.loads((project / "metrics" / "pretrain" / "cocolm_ablation.json").read_text())
     for key in ("loss", "copy_acc_replaced", "clm_acc_original", "scl_pos_cos", "tokens_per_s", "mfu",
                 "wall_hours", "device_hours", "params_main"):
         assert key in metrics, key
-    amos_mix = json.loads((project / "metrics" / "pretrain" / "amos.json").read_text())
+    amos_mix = json.loads((project / "metrics" / "pretrain" / "amos_ablation.json").read_text())
     assert sum(amos_mix[f"mix_weight_exit{d}"] for d in (4, 6, 8)) == pytest.approx(1.0, abs=1e-4)
 
     client = mlflow_client(tmp_path / "mlflow.db")
-    cocolm = only_run(client, "cocolm")
+    cocolm = only_run(client, "cocolm_ablation")
     tags = cocolm.data.tags
     assert tags["method"] == "cocolm" and tags["preset"] == "tiny" and tags["seed"] == "1"
     assert "coco-lm/table3" in tags["tables"].split(",") and tags["git_sha"] == sha and tags["dvc_exp"] == ""
@@ -105,7 +107,7 @@ def test_dvc_repro_pretrain_with_dependent_runs_and_mlflow(tmp_path):
         assert client.get_metric_history(cocolm.info.run_id, name), name
     artifacts = {a.path for a in client.list_artifacts(cocolm.info.run_id)}
     assert {"encoder", "auxiliary.pt", "summary.json"} <= artifacts
-    amos = only_run(client, "amos")
+    amos = only_run(client, "amos_ablation")
     assert client.get_metric_history(amos.info.run_id, "mix_weight_exit6")
     final_mix = only_run(client, "amos_final_mix")
     assert final_mix.data.params["settings.mixture"] == "fixed"
@@ -173,6 +175,130 @@ def test_sigkill_then_rerun_gives_the_weights_of_an_uninterrupted_run(project, t
     for r in finished:
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "loss")]
         assert max(steps) == 8
+
+
+# ---- kills at every point of a checkpoint write and of the end of training ---------------------------------
+
+@pytest.fixture(scope="module")
+def reference(project, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The encoder of an uninterrupted `mlm` run (8 steps, checkpoints every 2, fractions 0.5 and 1.0)."""
+    env = mlflow_env(project, tmp_path_factory.mktemp("reference") / "mlflow.db")
+    proc = run([sys.executable, "stages/pretrain.py", "mlm"], project, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return weights(project / "models" / "mlm" / "encoder" / "weights.pt")
+
+
+def kill_then_rerun(project: Path, env: dict, point: str, nth: int, corrupt=None) -> subprocess.CompletedProcess:
+    """A fresh `mlm` run SIGKILLed the nth time it reaches `point` (tests/fault_injection.py), `corrupt`
+    applied to its scratch directory, then run again as a user would."""
+    shutil.rmtree(project / "models" / "mlm", ignore_errors=True)
+    shutil.rmtree(project / "checkpoints", ignore_errors=True)
+    (project / "metrics" / "pretrain" / "mlm.json").unlink(missing_ok=True)
+    killed = run([sys.executable, str(ROOT / "tests" / "fault_injection.py"), point, str(nth), "stages/pretrain.py",
+                  "mlm"], project, env)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    if corrupt:
+        corrupt(project / "checkpoints" / "mlm")
+    rerun = run([sys.executable, "stages/pretrain.py", "mlm"], project, env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    return rerun
+
+
+def assert_resumed_exactly(project: Path, db: Path, reference: dict, redone: int) -> None:
+    """The weights of an uninterrupted run, every fraction, one MLflow run FINISHED (any other KILLED, none
+    RUNNING) whose loss history repeats at most `redone` steps (the work since the last checkpoint)."""
+    got = weights(project / "models" / "mlm" / "encoder" / "weights.pt")
+    assert got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in reference)
+    assert sorted(p.name for p in (project / "models" / "mlm" / "fractions").iterdir()) == ["050", "100"]
+    metrics = json.loads((project / "metrics" / "pretrain" / "mlm.json").read_text())
+    assert metrics["steps"] == 8 and not (project / "checkpoints" / "mlm").exists()
+    client = mlflow_client(db)
+    experiment = client.get_experiment_by_name("electralab-tiny").experiment_id
+    runs = client.search_runs([experiment], "tags.run = 'mlm'")
+    assert sorted(r.info.status for r in runs if r.info.status != "KILLED") == ["FINISHED"], \
+        [(r.info.status, r.data.tags.get("error")) for r in runs]
+    finished = next(r for r in runs if r.info.status == "FINISHED")
+    assert metrics["mlflow_run_id"] == finished.info.run_id   # the report finds the workspace's run by it
+    steps = [m.step for m in client.get_metric_history(finished.info.run_id, "loss")]
+    assert sorted(set(steps)) == list(range(1, 9)) and len(steps) - 8 <= redone, steps
+    assert finished.data.metrics["final_flops_per_step"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point, nth, redone", [
+    ("ckpt-partial", 1, 8),     # inside the first checkpoint write: nothing to resume, the MLflow run is closed
+    ("ckpt-partial", 2, 2),     # half of the step-4 checkpoint written
+    ("ckpt-synced", 2, 2),      # the step-4 checkpoint complete on disk, not yet trusted
+    ("ckpt-rotating", 3, 2),    # state.pt moved to state.prev.pt, the step-6 one not yet in its place
+    ("ckpt-saved", 2, 0),       # right after the step-4 checkpoint, before the 50% fraction of the same step
+    ("outputs-written", 1, 0),  # the end: models/mlm in place, MLflow not told
+    ("finishing", 1, 0),        # artifacts uploaded, the run not yet FINISHED
+    ("finished", 1, 0),         # FINISHED, no metrics file yet
+    ("metrics-written", 1, 0),  # everything written, the scratch not yet cleared
+])
+def test_a_kill_at_any_point_loses_at_most_the_steps_since_the_last_checkpoint(project, reference, tmp_path, point,
+                                                                               nth, redone):
+    db = tmp_path / "mlflow.db"
+    kill_then_rerun(project, mlflow_env(project, db), point, nth)
+    assert_resumed_exactly(project, db, reference, redone)
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", [truncate, flip_a_byte])
+def test_a_corrupt_latest_checkpoint_is_set_aside_and_the_previous_one_resumed(project, reference, tmp_path, damage):
+    db = tmp_path / "mlflow.db"
+    rerun = kill_then_rerun(project, mlflow_env(project, db), "ckpt-saved", 3,   # state.pt: step 6, prev: step 4
+                            corrupt=lambda scratch: damage(scratch / "state.pt"))
+    assert f"warning: checkpoint {project / 'checkpoints' / 'mlm' / 'state.pt'} is corrupt" in rerun.stderr
+    aside = list((project / "checkpoints").glob("mlm.state.pt.corrupt-*"))
+    assert len(aside) == 1 and aside[0].name in rerun.stderr
+    assert_resumed_exactly(project, db, reference, redone=2)    # steps 5 and 6 again
+
+
+@pytest.mark.slow
+def test_two_stages_starting_together_on_a_fresh_mlflow_store(project, tmp_path):
+    """MLflow's schema creation races when two processes create one SQLite store (`duplicate column name`):
+    the store is created once, under a lock, before a stage uses it."""
+    env = mlflow_env(project, tmp_path / "fresh" / "mlflow.db")
+    (tmp_path / "fresh").mkdir()
+    procs = [subprocess.Popen([sys.executable, "stages/pretrain.py", name], cwd=project, env=env, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name in ("mlm", "electra")]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for e in errors]
+    client = mlflow_client(tmp_path / "fresh" / "mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("electralab-tiny").experiment_id])
+    assert sorted(r.data.tags["run"] for r in runs) == ["electra", "mlm"]
+
+
+@pytest.mark.slow
+def test_a_second_direct_run_of_a_running_stage_stops_at_once_naming_the_first(project, tmp_path):
+    env = mlflow_env(project, tmp_path / "mlflow.db")
+    longer = yaml.safe_load((project / "params.yaml").read_text())
+    longer["presets"]["tiny"]["pretrain"]["steps"] = 200
+    (tmp_path / "longer.yaml").write_text(yaml.safe_dump(longer))
+    shutil.rmtree(project / "checkpoints", ignore_errors=True)
+    first = subprocess.Popen([sys.executable, "stages/pretrain.py", "--params", str(tmp_path / "longer.yaml"), "mlm"],
+                             cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (project / "checkpoints" / "mlm" / "mlflow.json").exists():   # training: inside the lock
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-3000:]
+        time.sleep(0.05)
+    second = run([sys.executable, "stages/pretrain.py", "mlm"], project, env)
+    assert first.poll() is None, "the first run ended before the second started: make it longer"
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
+    assert f"error: stage pretrain@mlm is already running in {project} (pid {first.pid}" in second.stderr
+    assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
+    assert json.loads((project / "metrics" / "pretrain" / "mlm.json").read_text())["steps"] == 200
 
 
 def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp_path):
@@ -305,7 +431,7 @@ def test_two_ray_workers_follow_the_loss_curve_of_one(project, tmp_path, trackin
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
-# ---- the registry and the export ---------------------------------------------------------------------
+# ---- the registry ---------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_dvc_repro_trains_every_run_of_the_registry(tmp_path):
@@ -323,7 +449,8 @@ def test_dvc_repro_trains_every_run_of_the_registry(tmp_path):
     assert len(runs) >= 50
     ran = re.findall(r"Running stage 'pretrain@([^']+)'", proc.stdout)
     assert sorted(ran) == sorted(runs)
-    assert ran.index("cocolm") < ran.index("cocolm_converged_aux") and ran.index("amos") < ran.index("amos_final_mix")
+    assert ran.index("cocolm_ablation") < ran.index("cocolm_converged_aux")
+    assert ran.index("amos_ablation") < ran.index("amos_final_mix")
     for name in runs:
         metrics = json.loads((project / "metrics" / "pretrain" / f"{name}.json").read_text())
         if name == "control":   # no pretraining: the initial encoder, no step taken
@@ -350,35 +477,26 @@ def test_every_run_of_the_registry_resolves_and_builds(preset):
             objective = build_objective(r.method, r.settings, r.model, r.generators, 32768)
         assert objective.main_encoder().cfg.layers >= r.model.layers, name
 
-
-def test_huggingface_export_matches_our_encoder_and_relative_configs_use_our_format(tmp_path):
-    from transformers import AutoModel
-
-    from electralab.config import EncoderConfig
-    from electralab.export import load_encoder, save_encoder, save_huggingface
+def test_the_control_exports_the_encoder_every_method_starts_from_and_takes_no_step(project, tmp_path, tracking):
+    """runs.control (method none): the main encoder exactly as initialised, no training, a finished MLflow run."""
+    from electralab.export import load_encoder
     from electralab.model.encoder import Encoder, make_token_embedding
+    from electralab.train.loop import pretrain
 
-    torch.manual_seed(0)
-    absolute = EncoderConfig(hidden=32, layers=3, heads=2, ffn=64, embedding=16, max_positions=64,
-                             relative_positions=False)
-    encoder = Encoder(absolute, make_token_embedding(100, 16)).eval()
-    with torch.no_grad():
-        for p in encoder.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    save_huggingface(encoder, tmp_path / "hf")
-    theirs = AutoModel.from_pretrained(tmp_path / "hf").eval()
-    ids = torch.randint(5, 100, (3, 20))
-    mask = torch.ones_like(ids)
-    mask[1, 12:] = 0
-    with torch.no_grad():
-        ours = encoder(ids, mask.bool())[-1]
-        hf = theirs(input_ids=ids, attention_mask=mask).last_hidden_state
-    assert torch.allclose(ours[mask.bool()], hf[mask.bool()], atol=1e-5)
+    control = resolved(project, "control")
+    summary = pretrain(control, project / "data" / "shards", tmp_path / "out", tmp_path / "scratch", show_progress=False)
+    assert summary["steps"] == 0 and summary["tokens"] == 0 and "loss" not in summary
+    exported = load_encoder(tmp_path / "out" / "encoder")
+    torch.manual_seed(control.seed)   # what every objective's main encoder is at step 0
+    vocab = exported.embeddings.tokens.num_embeddings
+    fresh = Encoder(control.model, make_token_embedding(vocab, control.model.embedding, control.model.initializer_range))
+    assert exported.cfg == control.model
+    assert all(torch.equal(a, b) for a, b in zip(exported.state_dict().values(), fresh.state_dict().values()))
+    mlm = resolved(project, "mlm")
+    torch.manual_seed(mlm.seed)
+    from electralab.objectives import build_objective
 
-    relative = dataclasses.replace(absolute, relative_positions=True)
-    encoder = Encoder(relative, make_token_embedding(100, 16)).eval()
-    with pytest.raises(ConfigError, match="Hugging Face export needs absolute positions"):
-        save_huggingface(encoder, tmp_path / "hf2")
-    save_encoder(encoder, tmp_path / "ours")
-    with torch.no_grad():
-        assert torch.equal(load_encoder(tmp_path / "ours").eval()(ids)[-1], encoder(ids)[-1])
+    start = build_objective("mlm", mlm.settings, mlm.model, mlm.generators, vocab).main_encoder()
+    assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), fresh.state_dict().values()))
+    run_ = only_run(mlflow_client(tracking), "control")
+    assert run_.info.status == "FINISHED" and run_.data.tags["method"] == "none"

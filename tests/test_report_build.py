@@ -4,6 +4,7 @@ differences, missing cells as missing, the latest finished parent winning, and c
 
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
@@ -133,3 +134,77 @@ def test_unknown_preset_and_missing_experiment_are_clear_errors(store):
         fetch_results("huge", store.uri)
     with pytest.raises(ConfigError, match="no MLflow experiment 'electralab-base' for preset='base'.*electralab-tiny"):
         fetch_results("base", store.uri)
+
+
+# ---- why a cell is empty, and the compact page --------------------------------------------------------
+
+QQP_OFFLINE = "no dev split: glue/QQP/dev.tsv is not in the ELECTRALAB_DATA mirror"
+
+
+def explained(key, results, reasons=None):
+    from electralab.report.why import explain
+
+    table = build_table(TABLES[key], results)
+    explain(table, results, reasons or {}, {"qqp": QQP_OFFLINE})
+    return table
+
+
+def test_every_empty_cell_of_ours_says_why_and_no_filled_one_does(results):
+    reasons = {("cocolm_no_copy", "rte"): "no dev split: glue/RTE/dev.tsv is not in the ELECTRALAB_DATA mirror"}
+    for key in TABLES:
+        frame = explained(key, results, reasons).frame
+        assert (frame["ours"].isna() == (frame["why"] != "")).all(), key
+    t3 = explained("coco-lm/table3", results, reasons)
+    assert cell(t3, "CLM w/o. Copy", "RTE")["why"] == f"RTE: {reasons[('cocolm_no_copy', 'rte')]}"
+    assert cell(t3, "CLM w/o. Copy", "AVG")["why"] == "GLUE average of all eight GLUE tasks; missing here: RTE"
+    assert cell(t3, "CLM w/o. Stop-grad", "QQP")["why"].startswith("the row's run is not trained yet")
+    assert cell(explained("coco-lm/table3", results), "CLM w/o. Copy", "RTE")["why"] == \
+        "RTE: not fine-tuned on this task (presets.<preset>.finetune.tasks)"   # no reason logged
+    teams = explained("teams/table1", results)
+    assert cell(teams, "TEAMS-Small", "SQuAD 1.1 EM")["why"] == "SQuAD 1.1 EM: not in the fine-tuning grid " \
+                                                               "(docs/finetuning.md)"
+    table1 = explained("coco-lm/table1", results)
+    assert cell(table1, "BERT [11]", "RTE")["why"] == "a published baseline, not trained here"
+
+
+def test_the_reasons_the_fine_tuning_stage_logs_reach_the_report(tmp_path, monkeypatch):
+    """A task the stage could not run (FinetuneTracker.missing, as finetune@<run> logs it) -> its reason."""
+    from electralab.config import load_params
+    from electralab.finetune.grid import Group
+    from electralab.finetune.tasks import TASKS
+    from electralab.finetune.track import FinetuneTracker
+    from electralab.report.why import missing_reasons
+    from electralab.runs import resolve_all
+
+    from conftest import ROOT
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = resolve_all(load_params(ROOT / "params.yaml"))["mlm"]
+    tracker = FinetuneTracker(run, (1, 2), tmp_path / "parents.json")
+    tracker.missing(Group("qqp"), TASKS["qqp"], QQP_OFFLINE)
+    tracker.missing(Group("mnli", checkpoint="050"), TASKS["mnli"], "not the final checkpoint: not a table cell")
+    results = fetch_results("tiny", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert missing_reasons(results) == {("mlm", "qqp"): QQP_OFFLINE}
+
+
+def test_the_page_is_compact_footnotes_empty_cells_and_colours_verdicts_when_the_table_has_them(results):
+    from electralab.report.render import VERDICT_LEGEND, page_html, table_html
+
+    table = explained("coco-lm/table3", results)
+    page = page_html("t", [], [table_html(table)], {})
+    assert html.escape(VERDICT_LEGEND) not in page and "verdict-" not in page.split("</style>")[1]   # no verdicts: no colour
+    compact, details = page.split("<details>")[0], page.split("<details>")[1]
+    assert "±" not in compact and "±" in details   # the spread only in the details
+    footnotes = compact.split('<ol class="why">')[1]   # under the table, each reason once
+    whys = set(table.frame.loc[table.frame["run"] != "", "why"]) - {""}
+    assert footnotes.count("<li>") == len(whys) and all(html.escape(w) in footnotes for w in whys)
+    assert compact.count('<sup class="why"') == (table.frame["ours"].isna() & (table.frame["run"] != "")).sum()
+
+    frame = table.frame   # the claim verdicts, as the report's data will carry them
+    frame["verdict"] = np.where(frame["row"] == "RTD Only", "holds", np.where(frame["row"] == "CLM Only", "within noise", ""))
+    frame["row_verdict"] = np.where(frame["row"] == "RTD Only", "reversed", "")
+    page = page_html("t", [], [table_html(table)], {})
+    assert html.escape(VERDICT_LEGEND) in page
+    assert page.count('class="num verdict-holds"') == page.count('class="num verdict-within-noise"') == \
+        len(TABLES["coco-lm/table3"].columns)
+    assert 'class="name verdict-reversed">RTD Only<' in page

@@ -35,7 +35,8 @@ def results(store):
 def history(results):
     from electralab.report import HISTORY_METRICS
 
-    runs = ["mlm", "electra", "cocolm", "cocolm_clm_only", "cocolm_all_token_lm", "amos", "amos_gen4"]
+    runs = ["mlm", "electra", "cocolm", "cocolm_clm_only", "cocolm_all_token_lm", "amos", "amos_gen4", "cocolm_ablation",
+            "amos_ablation"]
     return metric_history(results, runs, HISTORY_METRICS)
 
 
@@ -83,7 +84,8 @@ def test_history_lines_are_the_logged_values(history):
     assert set(lines(fig.axes[0])) == {"AMOS", "4-layer gen."}
     assert "amos_layer_switch/rtd_acc_replaced" in texts(fig)
     frame = F.history_frame(history, F.MIX_SERIES)
-    assert list(frame.columns) == ["step", "amos/mix_weight_exit4", "amos/mix_weight_exit6", "amos/mix_weight_exit8"]
+    assert list(frame.columns) == ["step", "amos_ablation/mix_weight_exit4", "amos_ablation/mix_weight_exit6",
+                                   "amos_ablation/mix_weight_exit8"]
     assert list(frame["step"]) == list(steps)
     empty = F.history_frame(EMPTY_HISTORY, F.CURRICULUM_SERIES)
     assert empty.empty and len(empty.columns) == 6   # the DVC plots file keeps its columns

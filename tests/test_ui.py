@@ -1,7 +1,9 @@
 """The UIs in a real browser (Debian's headless Chromium through Selenium): the MLflow UI, served by
 `mlflow server` on a database holding a finished tiny ablation (TEAMS Table 4, run by the reproduce flow),
 lists the ablation's runs with their metrics; the Prefect UI lists the scheduled deployments that
-`python flows/deployments.py` created and serves, and a deployment runs from the server.
+`python flows/deployments.py` created and serves, shows a deployment's next scheduled run at a laptop's width,
+and a deployment runs from the server; the ablation's report page and `dvc plots show` read at a laptop's width
+with no network (compact cells, footnotes saying why a cell is empty, details on demand, figures offline).
 Screenshots go to test-artifacts/ (gitignored).
 """
 
@@ -25,6 +27,7 @@ SHOTS = ROOT / "test-artifacts"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--window-size=1600,1000"]
+LAPTOP = (1366, 768)   # the pages people read on a laptop must fit its width
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +109,8 @@ def test_mlflow_ui_lists_the_ablation_runs_with_their_metrics(mlflow_ui, browser
     compare = (f"{mlflow_ui}/#/compare-runs?runs={urllib.parse.quote(ids)}"
                f"&experiments={urllib.parse.quote(json.dumps([experiment_id]))}")
     # Every run's final metrics side by side (the RTD accuracy is what TEAMS Table 4's rows differ in).
-    show(browser, compare, "Comparing 4 Runs", "Metrics", *ABLATION_RUNS, shot="mlflow-ablation-compare.png")
+    show(browser, compare, f"Comparing {len(ABLATION_RUNS)} Runs", "Metrics", *ABLATION_RUNS,
+         shot="mlflow-ablation-compare.png")
     lines = scrolled_lines(browser, until="final_rtd_acc_replaced", shot="mlflow-ablation-compare-metrics.png")
     for metric in ("final_loss", "final_rtd_acc_replaced", "final_tokens_per_s", "final_params_main"):
         assert metric in lines, metric
@@ -194,6 +198,31 @@ def test_prefect_ui_lists_the_scheduled_deployments(served, prefect_api, browser
          "At 04:00 AM, only on Saturday", "Ready", shot="prefect-deployments.png")
 
 
+def test_the_prefect_ui_shows_a_deployments_next_scheduled_run_at_a_laptops_width(served, prefect_api, browser):
+    """The schedule view: the server's scheduler has given nightly-tiny its next runs at 02:00 UTC."""
+    deployment = served["nightly-tiny"]
+    deadline = time.monotonic() + 90
+    while not api(prefect_api, "flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": [deployment["id"]]},
+                                                                  "state": {"type": {"any_": ["SCHEDULED"]}}}}):
+        assert time.monotonic() < deadline, "the scheduler gave nightly-tiny no scheduled run"
+        time.sleep(1)
+    ui = prefect_api.removesuffix("/api")
+    browser.set_window_size(*LAPTOP)
+    try:
+        show(browser, f"{ui}/deployments/deployment/{deployment['id']}", "nightly-tiny", "Next Run", "Scheduled for",
+             "02:00:00 AM", "At 02:00 AM every day", "Ready", shot="prefect-schedule-laptop.png")
+        assert fits_width(browser)
+    finally:
+        browser.set_window_size(1600, 1000)
+
+
+def fits_width(driver) -> bool:
+    """No horizontal scrolling: the page is as wide as the window."""
+    scroll, client = driver.execute_script(
+        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    return scroll <= client
+
+
 def test_a_deployment_runs_from_the_server_and_the_ui_shows_it(served, prefect_api, browser):
     # What the UI's "Run" button does: a flow run of the deployment, here with its parameters narrowed to one
     # run of the finished ablation (DVC finds it up to date, so the served flow finishes in seconds).
@@ -209,3 +238,55 @@ def test_a_deployment_runs_from_the_server_and_the_ui_shows_it(served, prefect_a
     ui = prefect_api.removesuffix("/api")
     show(browser, f"{ui}/flow-runs/flow-run/{flow_run['id']}", "tiny: electra", "Completed", "pretrain@electra",
          shot="prefect-deployment-run.png")
+
+
+# ---- the report and DVC's plots -------------------------------------------------------------------------
+
+def test_the_report_page_is_compact_at_a_laptops_width_says_why_cells_are_empty_and_details_open(ablation, browser):
+    from selenium.webdriver.common.by import By
+
+    project, _, proc = ablation
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    browser.set_window_size(*LAPTOP)
+    try:
+        text = show(browser, (project / "reports" / "index.html").as_uri(), "TEAMS Table 4", "Figures",
+                    shot="report-laptop.png")
+        assert fits_width(browser)
+        # Offline, QQP has no dev split: its cells and every GLUE average say so, and the GLUE AVG panels are gone.
+        assert "QQP: no dev split: glue/QQP/dev.tsv is not in the ELECTRALAB_DATA mirror" in text
+        assert "GLUE average of all eight GLUE tasks; missing here:" in text
+        assert "GLUE AVG panels are left out" in text
+        table4 = browser.find_element(By.ID, "teams-table4")
+        browser.execute_script("arguments[0].scrollIntoView()", table4)
+        details = browser.find_elements(By.CSS_SELECTOR, "details")
+        assert details and not any(d.get_attribute("open") for d in details)   # compact by default
+        spread = [e for e in browser.find_elements(By.CSS_SELECTOR, "span.spread")]
+        assert spread and not any(e.is_displayed() for e in spread)
+        time.sleep(0.5)
+        browser.save_screenshot(str(SHOTS / "report-laptop-table.png"))
+        browser.find_element(By.CSS_SELECTOR, "#teams-table4 ~ details summary").click()   # TEAMS Table 4's details
+        time.sleep(0.5)
+        assert any(e.is_displayed() for e in browser.find_elements(By.CSS_SELECTOR, "span.spread"))
+        browser.save_screenshot(str(SHOTS / "report-laptop-details.png"))
+    finally:
+        browser.set_window_size(1600, 1000)
+
+
+def test_dvc_plots_show_offline_draws_the_figures_in_place_of_the_vega_plots(ablation, browser):
+    from selenium.webdriver.common.by import By
+
+    project, db, _ = ablation
+    proc = subprocess.run([str(BIN / "dvc"), "plots", "show"], cwd=project, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    browser.set_window_size(*LAPTOP)
+    try:
+        text = show(browser, (project / "dvc_plots" / "index.html").as_uri(), "Offline: Vega",
+                    "reports/plots/teams_fig4.csv (Vega, offline)", shot="dvc-plots-offline-laptop.png")
+        assert "cdn.jsdelivr.net" in text
+        images = browser.find_elements(By.CSS_SELECTOR, "img")
+        drawn = browser.execute_script("return Array.from(document.images).filter(i => i.naturalWidth > 0).length")
+        assert len(images) >= 9 and drawn == len(images)   # every figure loaded, none broken
+        assert fits_width(browser)
+    finally:
+        browser.set_window_size(1600, 1000)

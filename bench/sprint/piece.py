@@ -205,6 +205,7 @@ class Piece:
                 self.save()
                 return False
             unit.update(status="fine-tuning", encoder_sha256=sha256_file(weights), pretrain_call_s=self.now() - began,
+                        pretrain_run_id=summary["mlflow_run_id"],
                         pretrain={k: v for k, v in summary.items() if isinstance(v, (int, float))})
             unit.pop("paused_at", None)
             self.save()
@@ -212,7 +213,7 @@ class Piece:
         longest = self.state.units[CONTROL].get("longest_trial_s") if name != CONTROL else None
         soft = self.hard - 1.2 * longest if longest is not None else self.deadline
         done = tuner.run(run, models / "encoder", self.state.dir / "finetune" / name, soft, self.hard,
-                         self.save_now_and_then)
+                         self.save_now_and_then, unit.get("pretrain_run_id", ""))
         unit["finetune_seconds"] = unit.get("finetune_seconds", 0.0) + self.now() - began
         unit["longest_trial_s"] = max(unit.get("longest_trial_s", 0.0), tuner.longest_trial_s)
         if done:

@@ -83,7 +83,7 @@ def probe(run: ResolvedRun, shards_dir: Path, seconds: float, clock: Callable[[]
         step(WARMUP_STEPS + timed)
         timed += 1
     step_s = (clock() - started) / timed
-    peak = peak_flops(device)
+    peak = peak_flops(device, precision)   # as the loop's MFU: bf16 autocast against the bf16 peak
     tokens = cfg.batch_size * int(manifest["seq_len"])
     result = {"method": run.method, "device": device_name(device), "precision": precision, "step_s": step_s,
               "steps_timed": timed, "warmup_s": warmup_s, "tokens_per_step": tokens, "tokens_per_s": tokens / step_s,

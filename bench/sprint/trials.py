@@ -84,10 +84,11 @@ class Finetuner:
                    for t in self.cfg.tasks for hp in self.grid(t))
 
     def run(self, run: ResolvedRun, encoder_dir: Path, state: Path, soft: float, hard: float,
-            progress: Callable[[], None] = lambda: None) -> bool:
+            progress: Callable[[], None] = lambda: None, pretrain_run_id: str = "") -> bool:
         """Every trial of `run` that is not in the store yet, until `soft` (no new trial starts) or `hard`
         (running ones are stopped); `progress()` after each finished trial. Returns whether all groups are
-        done (summary.json written)."""
+        done (summary.json written). `pretrain_run_id`: the tracked run that made the encoder (a tag of
+        the parents, as stages/finetune.py sets it)."""
         summary_path = state / "summary.json"
         summary = read_json(summary_path) if summary_path.is_file() else {}
         weights = sha256_file(encoder_dir / "weights.pt")
@@ -97,7 +98,7 @@ class Finetuner:
         prints = {g: fingerprint(g.key, weights, self.data[g.task].fingerprint, asdict(self.settings),
                                  self.cfg.max_seq_len) for g in groups}
         store = ResultStore(state / "results")
-        tracker = FinetuneTracker(run, self.cfg.seeds, state / "parents.json")
+        tracker = FinetuneTracker(run, self.cfg.seeds, state / "parents.json", pretrain_run_id)
         finals: dict[TrialSpec, dict] = {}
         specs = {g: [TrialSpec(g, hp, s) for hp in self.grid(g.task) for s in self.cfg.seeds] for g in groups}
 

@@ -224,6 +224,15 @@ class PretrainConfig:
     checkpoint_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
     guard: GuardConfig = field(default_factory=GuardConfig)
 
+    def check(self, where: str) -> None:
+        if any(not 0 <= b < 1 for b in self.adam_betas):
+            raise ConfigError(f"{where}.adam_betas={list(self.adam_betas)}: betas must be in [0, 1)")
+        if any(not 0 < f <= 1 for f in self.checkpoint_fractions):
+            raise ConfigError(f"{where}.checkpoint_fractions={list(self.checkpoint_fractions)}: fractions of "
+                              f"training must be in (0, 1]")
+        if len(set(self.checkpoint_fractions)) != len(self.checkpoint_fractions):
+            raise ConfigError(f"{where}.checkpoint_fractions={list(self.checkpoint_fractions)} repeats a value")
+
 
 FINETUNE_TASKS = ("mnli", "qqp", "qnli", "sst2", "cola", "rte", "mrpc", "stsb", "squad2")
 
@@ -294,6 +303,9 @@ class FinetuneConfig:
     # Caps for quick presets (a fixed random subset, the same for every run); None = everything.
     max_train_examples: int | None = bounded(None, lo=1)
     max_eval_examples: int | None = bounded(None, lo=1)
+    # Per-task training caps, before max_train_examples (e.g. {sst2: 5000}: a label-scarce SST-2 whose
+    # cost stays near the small tasks'; the same fixed sample for every run).
+    train_caps: dict[str, int] = field(default_factory=dict)
     eval_batch_size: int = bounded(128, lo=1)
     precision: Literal["auto", "fp32", "bf16"] = "auto"   # as pretrain.precision
     # Evaluate after every epoch (a child run's curve), or after the last one only (the result either way).
@@ -317,10 +329,12 @@ class FinetuneConfig:
     max_failures: int = bounded(2, lo=0)          # retries of a failed trial
 
     def check(self, where: str) -> None:
-        for key in ("tasks", "efficiency_tasks", "few_shot_tasks"):
+        for key in ("tasks", "efficiency_tasks", "few_shot_tasks", "train_caps"):
             unknown = [t for t in getattr(self, key) if t not in FINETUNE_TASKS]
             if unknown:
                 raise ConfigError(f"{where}.{key}: {unknown[0]!r} is not a task; choose from {list(FINETUNE_TASKS)}")
+        if any(cap < 1 for cap in self.train_caps.values()):
+            raise ConfigError(f"{where}.train_caps={self.train_caps}: every cap must be at least 1")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"{where}.seeds={list(self.seeds)}: list at least one seed, each once")
         if any(not 0 < f <= 1 for f in self.few_shot_fractions):
@@ -347,8 +361,23 @@ class Preset:
     generators: GeneratorSizes
     pretrain: PretrainConfig
     finetune: FinetuneConfig | None = None   # None: this preset does not fine-tune (the stage says so)
+    # Named pretraining budgets besides the main one (`pretrain`), as overrides of it: a run with
+    # `budget: ablation` trains with `pretrain` updated by `budgets.ablation`. A budget the preset does
+    # not name is the main one. The tiny preset gives its ablation tables a smaller budget of their own.
+    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def pretrain_for(self, budget: str, where: str = "") -> PretrainConfig:
+        """The pretraining schedule of a budget (checked like `pretrain`)."""
+        if budget not in self.budgets:
+            return self.pretrain
+        merged = deep_merge(to_dict(self.pretrain), self.budgets[budget])
+        return build(PretrainConfig, merged, f"{where}.budgets.{budget}" if where else f"budgets.{budget}")
 
     def check(self, where: str) -> None:
+        for budget in self.budgets:
+            if budget == MAIN_BUDGET:
+                raise ConfigError(f"{where}.budgets.{MAIN_BUDGET}: the main budget is {where}.pretrain itself")
+            self.pretrain_for(budget, where)
         if self.shards.seq_len > self.model.max_positions:
             raise ConfigError(f"{where}.shards.seq_len={self.shards.seq_len} exceeds "
                               f"{where}.model.max_positions={self.model.max_positions}")
@@ -358,6 +387,15 @@ class Preset:
 
 
 PRESETS = ("tiny", "small", "base", "base_pp", "large_pp")
+MAIN_BUDGET = "main"
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    """`base` with `update` applied, nested mappings merged key by key."""
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,6 +529,24 @@ class Params:
 
 TOP_LEVEL = ("preset", "presets", "methods", "runs")
 
+# Keys every preset sets itself: their defaults are the base setting, so a preset that lost one (a deleted
+# line) would silently train at another scale (125,000 steps on a laptop).
+REQUIRED_PRESET_KEYS = {
+    "vocab": ("size",),
+    "shards": ("seq_len",),
+    "model": ("hidden", "layers", "heads", "ffn", "embedding"),
+    "pretrain": ("steps", "batch_size", "micro_batch_size", "lr", "warmup_steps", "checkpoint_every"),
+}
+
+
+def _check_required(name: str, preset: Any) -> None:
+    for section, keys in REQUIRED_PRESET_KEYS.items():
+        values = preset.get(section) if isinstance(preset, dict) else None
+        for key in keys:
+            if not isinstance(values, dict) or key not in values:
+                raise ConfigError(f"presets.{name}.{section}.{key}: missing; every preset sets it (its default is "
+                                  f"the base setting, not this preset's)")
+
 
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     if not isinstance(raw, dict):
@@ -509,6 +565,8 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         raise ConfigError(f"{source}: unknown preset presets.{unknown[0]} (allowed: {', '.join(PRESETS)})")
     if preset not in presets_raw:
         raise ConfigError(f"{source}: preset={preset!r} has no settings under presets.{preset}")
+    for name, value in presets_raw.items():
+        _check_required(name, value)
     presets = {name: build(Preset, value, f"presets.{name}") for name, value in presets_raw.items()}
     for key in ("methods", "runs"):
         if not isinstance(raw.get(key) or {}, dict):
@@ -524,10 +582,27 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file (run from the project root, or pass --params)") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     return parse_params(raw, str(path))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last one silently,
+    DVC refuses the file, so a direct stage run would train with a value `dvc repro` never sees."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"key {key!r} appears twice in one mapping (lines {seen[key] + 1} and "
+                                  f"{key_node.start_mark.line + 1}); keep one")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 def to_dict(obj: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Where things are: the project root, the offline data mirror, the MLflow tracking store."""
+"""Where things are: the project root, the offline data mirror, the MLflow tracking store's directory."""
 
 from __future__ import annotations
 
@@ -8,17 +8,29 @@ from pathlib import Path
 from electralab.config import ConfigError
 
 DATA_ENV = "ELECTRALAB_DATA"
+ALLOW_MISSING_ENV = "ELECTRALAB_ALLOW_MISSING"   # 1: a fine-tuning task without its data is recorded, not fatal
 
 
 def repo_root() -> Path:
-    """The project root: DVC_ROOT when DVC runs a stage, else the nearest parent holding dvc.yaml."""
-    if os.environ.get("DVC_ROOT"):
+    """The project root a stage reads and writes: when DVC runs the stage (DVC_STAGE is set), the nearest
+    parent of the working directory holding dvc.yaml, which is the experiment's own copy under `dvc exp run
+    --temp` or `--queue` (DVC then points DVC_ROOT at the parent repository: trusting it wrote the
+    experiment's outputs over the workspace's); else DVC_ROOT when set; else the nearest such parent."""
+    if os.environ.get("DVC_ROOT") and not os.environ.get("DVC_STAGE"):
         return Path(os.environ["DVC_ROOT"]).resolve()
     here = Path.cwd().resolve()
     for d in (here, *here.parents):
         if (d / "dvc.yaml").exists() or (d / ".git").exists():
             return d
     return here
+
+
+def store_root() -> Path:
+    """Where the default MLflow store lives: DVC_ROOT when set, the parent repository also for a temporary or
+    queued experiment, whose own copy is deleted when it ends (its runs belong with the project's)."""
+    if os.environ.get("DVC_ROOT"):
+        return Path(os.environ["DVC_ROOT"]).resolve()
+    return repo_root()
 
 
 def data_root() -> Path | None:

@@ -27,4 +27,8 @@ class TrialsFailed(RuntimeError):
     finished ones are kept (a re-run resumes from there)."""
 
 
-EXPECTED_ERRORS = (ConfigError, DataError, TrainingFailed, TrialsFailed)
+class StageBusy(RuntimeError):
+    """The same stage (and run) is already running in this project: the message names it and its process."""
+
+
+EXPECTED_ERRORS = (ConfigError, DataError, TrainingFailed, TrialsFailed, StageBusy)

@@ -1,15 +1,19 @@
-"""Saving and loading the main Transformer, in our format and as a Hugging Face ELECTRA model.
+"""Saving and loading the main Transformer, in our format and as a Hugging Face model.
 
 Our format (every configuration, including relative positions), a directory with:
     config.json   {"format": "electralab-encoder", "version": 1, "vocab_size": V, "encoder": {...}}
     weights.pt    the Encoder's state_dict (torch.save; load with weights_only=True)
-    spm.model, tokenizer.json   the run's vocabulary (data/vocab), when given: `Tokenizer(directory)` loads it
+    spm.model, electralab_tokenizer.json   the run's vocabulary (data/vocab), when given: `Tokenizer(directory)`
 Load it with `load_encoder(directory)`.
 
-Hugging Face format (absolute-position configurations): `ElectraModel` weights and config that
-`transformers.AutoModel.from_pretrained(directory)` loads; its outputs match ours (token_type_ids
-zero: we train without segment embeddings, so the exported token-type table is zeros). Written
-without importing transformers, which stays a test/benchmark dependency.
+Hugging Face format (`save_huggingface`; the export stage writes it to exports/<run>/), for every run:
+    absolute positions only  transformers' own `ElectraModel`: `AutoModel.from_pretrained(directory)`
+    relative position bias   `ElectraModel` plus the bias, in modeling_electralab.py shipped in the directory
+                             (config.json's auto_map): `AutoModel.from_pretrained(directory, trust_remote_code=True)`
+with the vocabulary as a tokenizer `AutoTokenizer.from_pretrained(directory)` loads (data/hf_tokenizer.py).
+Outputs match ours with token_type_ids zero (we train without segment embeddings: the exported token-type
+table is zeros, and the tokenizer returns no segment ids). Written without importing transformers, which
+stays a test/benchmark dependency.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ from torch import nn
 
 from electralab import PAD_ID
 from electralab.config import ConfigError, EncoderConfig, build
+from electralab.data.vocab import MODEL_FILE, TOKENIZER_FILE, VOCAB_FILE
 from electralab.io import atomic_dir, read_json, write_json
 from electralab.model.encoder import Encoder
 
 FORMAT = "electralab-encoder"
 
 
-VOCAB_FILES = ("spm.model", "spm.vocab", "tokenizer.json")   # what electralab.data.vocab.Tokenizer reads
+VOCAB_FILES = (MODEL_FILE, VOCAB_FILE, TOKENIZER_FILE)   # what electralab.data.vocab.Tokenizer reads
+REMOTE_CODE = Path(__file__).with_name("modeling_electralab.py")   # copied into relative-position exports
 
 
 def copy_vocab(vocab_dir: str | Path | None, directory: Path) -> None:
@@ -68,12 +74,13 @@ def load_encoder(directory: str | Path, map_location: str | torch.device = "cpu"
 
 
 def huggingface_compatible(cfg: EncoderConfig) -> bool:
+    """Whether transformers' own ElectraModel holds this encoder (no remote code needed)."""
     return cfg.absolute_positions and not cfg.relative_positions
 
 
 def huggingface_config(encoder: Encoder) -> dict:
     cfg, vocab = encoder.cfg, encoder.embeddings.tokens.num_embeddings
-    return {
+    config = {
         "model_type": "electra", "architectures": ["ElectraModel"], "vocab_size": vocab,
         "embedding_size": cfg.embedding, "hidden_size": cfg.hidden, "num_hidden_layers": cfg.layers,
         "num_attention_heads": cfg.heads, "intermediate_size": cfg.ffn, "hidden_act": "gelu",
@@ -82,21 +89,32 @@ def huggingface_config(encoder: Encoder) -> dict:
         "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
         "position_embedding_type": "absolute", "pad_token_id": PAD_ID,
     }
+    if not huggingface_compatible(cfg):
+        module = REMOTE_CODE.stem
+        # model_type stays "electra" so that AutoConfig/AutoTokenizer load without remote code (modeling_electralab.py)
+        config.update(architectures=["ElectralabModel"],
+                      relative_buckets=cfg.relative_buckets, relative_max_distance=cfg.relative_max_distance,
+                      auto_map={"AutoConfig": f"{module}.ElectralabConfig", "AutoModel": f"{module}.ElectralabModel"})
+    return config
 
 
 def huggingface_state_dict(encoder: Encoder) -> dict[str, torch.Tensor]:
-    """Our parameter names -> transformers' ElectraModel names."""
-    emb, H = encoder.embeddings, encoder.cfg.hidden
+    """Our parameter names -> transformers' ElectraModel names (+ the relative bias of ElectralabModel)."""
+    emb, cfg, H = encoder.embeddings, encoder.cfg, encoder.cfg.hidden
     out = {
         "embeddings.word_embeddings.weight": emb.tokens.weight,
-        "embeddings.position_embeddings.weight": emb.positions.weight,
-        "embeddings.token_type_embeddings.weight": torch.zeros(2, encoder.cfg.embedding),
+        # ELECTRA always adds a position table: zeros add nothing where we train without one.
+        "embeddings.position_embeddings.weight": (emb.positions.weight if emb.positions is not None
+                                                  else torch.zeros(cfg.max_positions, cfg.embedding)),
+        "embeddings.token_type_embeddings.weight": torch.zeros(2, cfg.embedding),
         "embeddings.LayerNorm.weight": emb.norm.weight,
         "embeddings.LayerNorm.bias": emb.norm.bias,
     }
     if emb.project is not None:
         out["embeddings_project.weight"] = emb.project.weight
         out["embeddings_project.bias"] = emb.project.bias
+    if encoder.relative_bias is not None:
+        out["relative_attention_bias.weight"] = encoder.relative_bias.bias.weight
     for i, layer in enumerate(encoder.layers):
         p = f"encoder.layer.{i}."
         qkv_w, qkv_b = layer.attention.qkv.weight, layer.attention.qkv.bias
@@ -116,12 +134,18 @@ def huggingface_state_dict(encoder: Encoder) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
 
-def save_huggingface(encoder: Encoder, directory: str | Path, vocab_dir: str | Path | None = None) -> None:
-    """Write a transformers ElectraModel directory (absolute-position configurations only)."""
-    if not huggingface_compatible(encoder.cfg):
-        raise ConfigError("Hugging Face export needs absolute positions and no relative position bias "
-                          "(transformers' ELECTRA has no T5 bias); use save_encoder/load_encoder instead")
+def save_huggingface(encoder: Encoder, directory: str | Path, vocab_dir: str | Path | None = None,
+                     card: str | None = None) -> None:
+    """Write a transformers model directory (see the module docstring): config, weights, the remote code for a
+    relative-position encoder, the tokenizer files when `vocab_dir` is given, and `card` as README.md."""
     with atomic_dir(directory) as tmp:
         write_json(tmp / "config.json", huggingface_config(encoder))
         torch.save(huggingface_state_dict(encoder), tmp / "pytorch_model.bin")
-        copy_vocab(vocab_dir, tmp)
+        if not huggingface_compatible(encoder.cfg):
+            shutil.copyfile(REMOTE_CODE, tmp / REMOTE_CODE.name)
+        if vocab_dir is not None:
+            from electralab.data.hf_tokenizer import save_hf_tokenizer
+
+            save_hf_tokenizer(vocab_dir, tmp, max_length=encoder.cfg.max_positions)
+        if card is not None:
+            (tmp / "README.md").write_text(card, encoding="utf-8")

@@ -63,6 +63,16 @@ def atomic_file(final: str | Path) -> Iterator[Path]:
     os.replace(tmp, final)
 
 
+def fsync(path: str | Path) -> None:
+    """Flush a file's (or a directory's entries') data to the disk: a rename is durable only once both the
+    renamed file and its directory are synced; until then a crash of the machine can leave it empty."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     with atomic_file(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -31,6 +31,7 @@ COPY_LIMIT = 256 << 10        # artifacts up to 256 KiB are copied into the log;
 ARTIFACTS = "artifacts"       # <root>/artifacts/<run id>/...: the copied files
 STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 PARENT_TAG = "mlflow.parentRunId"
+LINK_TAGS = (PARENT_TAG, "pretrain_run_id")   # tags that name another run of the log: mapped on import
 
 
 class Metric(NamedTuple):   # the attributes of mlflow.entities.Metric that the log reads
@@ -241,8 +242,9 @@ def import_runlog(root: str | Path, tracking_uri: str | None = None) -> dict[str
         for old in found:
             client.delete_run(old.info.run_id)
         tags = {**run.tags, "runlog_id": run.run_id, "runlog_records": str(run.records)}
-        if PARENT_TAG in tags:
-            tags[PARENT_TAG] = ids.get(tags[PARENT_TAG], tags[PARENT_TAG])
+        for link in LINK_TAGS:
+            if tags.get(link):
+                tags[link] = ids.get(tags[link], tags[link])
         if run.status == "RUNNING":
             tags["runlog_note"] = "left RUNNING in the run log (its process ended without closing it)"
         created = client.create_run(experiment, start_time=run.start_time, tags=tags, run_name=run.name)

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from electralab.config import (ConfigError, EncoderConfig, GeneratorSizes, Params, PretrainConfig, build, to_dict)
+from electralab.config import (MAIN_BUDGET, ConfigError, EncoderConfig, GeneratorSizes, Params, PretrainConfig, deep_merge,
+                               build, to_dict)
 from electralab.objectives import METHODS, method_settings
 
 # Every table and figure whose rows are pretraining runs (the report's table specs use the same keys).
@@ -39,6 +40,7 @@ class RunSpec:
     settings: dict[str, Any] = field(default_factory=dict)   # overrides of methods.<method>
     model: dict[str, Any] = field(default_factory=dict)      # overrides of the preset's model
     reads: str = DEFAULT_READS                               # another run's output this run needs
+    budget: str = MAIN_BUDGET                                # presets.<p>.budgets.<budget>, else the main one
     seed: int | None = None                                  # None: the preset's pretrain.seed
     description: str = ""
 
@@ -70,7 +72,7 @@ class ResolvedRun:
 
     def as_params(self) -> dict[str, Any]:
         """Everything that defines the run, as a nested plain dict (MLflow params, checkpoint meta)."""
-        return {"run": self.name, "method": self.method, "preset": self.preset, "seed": self.seed,
+        return {"run": self.name, "method": self.method, "preset": self.preset, "seed": self.seed, "budget": self.spec.budget,
                 "tables": list(self.spec.tables), "settings": to_dict(self.settings),
                 "model": to_dict(self.model), "generators": to_dict(self.generators),
                 "pretrain": to_dict(self.pretrain)}
@@ -86,13 +88,6 @@ def producer_of(reads: str) -> str | None:
     return None
 
 
-def _merge(base: dict, update: dict) -> dict:
-    out = dict(base)
-    for k, v in update.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def run_specs(params: Params) -> dict[str, RunSpec]:
     return {name: build(RunSpec, value, f"runs.{name}") for name, value in params.runs.items()}
 
@@ -106,10 +101,13 @@ def resolve_run(params: Params, name: str) -> ResolvedRun:
     defaults = params.methods.get(spec.method) or {}
     if not isinstance(defaults, dict):
         raise ConfigError(f"methods.{spec.method}: expected a mapping of settings")
-    settings = method_settings(spec.method, _merge(defaults, spec.settings), f"{where}.settings")
+    settings = method_settings(spec.method, deep_merge(defaults, spec.settings), f"{where}.settings")
     preset = params.active
-    model = build(EncoderConfig, _merge(to_dict(preset.model), spec.model), f"{where}.model")
-    pretrain = preset.pretrain
+    model = build(EncoderConfig, deep_merge(to_dict(preset.model), spec.model), f"{where}.model")
+    known = {MAIN_BUDGET} | {b for p in params.presets.values() for b in p.budgets}
+    if spec.budget not in known:   # a typo would silently train at the main budget
+        raise ConfigError(f"{where}.budget={spec.budget!r} is not a budget of any preset; known: {', '.join(sorted(known))}")
+    pretrain = preset.pretrain_for(spec.budget, f"presets.{params.preset}")
     return ResolvedRun(name, spec, params.preset, settings, model, preset.generators, pretrain)
 
 
@@ -122,6 +120,13 @@ def resolve_all(params: Params) -> dict[str, ResolvedRun]:
             if producer_of(reads) not in runs or producer_of(reads) == name:
                 raise ConfigError(f"runs.{name}.reads={reads!r} is not the output of a run in the registry "
                                   f"(use models/<run>[/...] or metrics/pretrain/<run>.json)")
+    for name in runs:   # a run must not need its own output, through other runs either
+        chain = [name]
+        while (producer := producer_of(runs[chain[-1]].spec.reads)) in runs:
+            if producer in chain:
+                raise ConfigError(f"runs.{name}.reads: the runs read each other's output in a cycle "
+                                  f"({' -> '.join([*chain[chain.index(producer):], producer])}); no order can train them")
+            chain.append(producer)
     return runs
 
 

@@ -1,7 +1,8 @@
 """MLflow tracking contracts (DESIGN.md):
 
 * Tracking URI: $MLFLOW_TRACKING_URI when set, else an absolute sqlite:///<project root>/mlflow.db
-  (anchored on DVC_ROOT under DVC: relative paths break inside Ray workers and DVC temp experiments);
+  (anchored on DVC_ROOT under DVC, the parent repository for a temp or queued experiment, whose copy is
+  deleted when it ends; relative paths break inside Ray workers);
   artifacts under <project root>/mlartifacts.
 * One experiment per preset ("electralab-<preset>"). Tags on every run: run, method, tables, preset,
   git_sha, dvc_exp, seed (+ stage: pretrain | finetune | report).
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import importlib.util
 import os
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from electralab.env import repo_root
+from electralab.env import repo_root, store_root
 from electralab.errors import ConfigError
 
 EXPERIMENT_PREFIX = "electralab-"
@@ -29,7 +31,7 @@ BACKENDS = ("mlflow", "file")
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store_root() / 'mlflow.db'}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,7 +67,7 @@ def _say_file_once(where: str) -> None:
 
 
 def runlog_dir() -> Path:
-    return Path(os.environ.get(RUNLOG_ENV) or repo_root() / "runlog").resolve()
+    return Path(os.environ.get(RUNLOG_ENV) or store_root() / "runlog").resolve()
 
 
 def client():
@@ -76,6 +78,7 @@ def client():
         return FileClient(runlog_dir())
     from mlflow import MlflowClient
 
+    open_store(tracking_uri())
     return MlflowClient(tracking_uri())
 
 
@@ -100,9 +103,30 @@ def experiment_name(preset: str) -> str:
     return f"{EXPERIMENT_PREFIX}{preset}"
 
 
+_OPENED: set[str] = set()
+
+
+def open_store(uri: str) -> None:
+    """Create a SQLite store once, under a lock beside it, before anything uses it: two processes creating
+    one store race in MLflow's schema migrations (`duplicate column name: step`), so two stages starting
+    together on a fresh store crashed. An existing store passes through in milliseconds; a server needs
+    nothing."""
+    if uri in _OPENED or not uri.startswith("sqlite:///"):
+        return
+    from mlflow import MlflowClient
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{db}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file is closed (or the process dies)
+        MlflowClient(uri).search_experiments(max_results=1)   # creates and migrates the schema
+    _OPENED.add(uri)
+
+
 def _mlflow():
     import mlflow  # imported lazily: start-up time matters for small stages and tests
 
+    open_store(tracking_uri())
     mlflow.set_tracking_uri(tracking_uri())
     return mlflow
 
@@ -120,13 +144,14 @@ def ensure_mlflow_experiment(name: str, uri: str | None = None) -> str:
     import mlflow
 
     uri = uri or tracking_uri()
+    open_store(uri)
     mlflow.set_tracking_uri(uri)
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
     location = None
     if uri.startswith("sqlite:"):
-        location = (repo_root() / "mlartifacts" / name).as_uri()
+        location = (store_root() / "mlartifacts" / name).as_uri()
     try:
         return mlflow.create_experiment(name, artifact_location=location)
     except Exception:  # created concurrently by another process (parallel stages)
@@ -182,6 +207,31 @@ def start_run(*, preset: str, run_name: str, tags: dict[str, str], run_id: str |
         return mlflow.start_run(run_id=run_id, log_system_metrics=system_metrics)
     return mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags, nested=nested,
                             log_system_metrics=system_metrics)
+
+
+def close_orphan(run_id: str, why: str) -> None:
+    """Mark the RUNNING run of a killed process KILLED, saying why (a run already closed, or deleted from
+    the store meanwhile, is left as it is). MLflow's store or the run log, whichever tracks here."""
+    store = client()
+    try:
+        if store.get_run(run_id).info.status != "RUNNING":
+            return
+    except Exception:   # not in this store (deleted, or another store)
+        return
+    store.set_tag(run_id, "error", why)
+    store.set_terminated(run_id, "KILLED")
+
+
+def latest_finished_run(preset: str, run: str, stage: str) -> str | None:
+    """The id of the latest finished `stage` run (pretrain, finetune, ...) of `run` in the preset's experiment."""
+    mlflow = _mlflow()
+    experiment = mlflow.get_experiment_by_name(experiment_name(preset))
+    if experiment is None:
+        return None
+    found = mlflow.search_runs([experiment.experiment_id], output_format="list", max_results=1,
+                               filter_string=f"tags.stage = '{stage}' and tags.run = '{run}' and "
+                                             f"attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"])
+    return found[0].info.run_id if found else None
 
 
 def mlflow_module():

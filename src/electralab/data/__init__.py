@@ -24,4 +24,12 @@ def read_manifest(path: str | Path, stage: str) -> dict:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file; run the {stage} stage first (dvc repro {stage})")
-    return read_json(path)
+    try:
+        manifest = read_json(path)
+    except ValueError as e:   # JSONDecodeError, UnicodeDecodeError: truncated or overwritten
+        raise DataError(f"{path}: not a readable manifest ({e}); run the {stage} stage again "
+                        f"(dvc repro -f {stage})") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(manifest).__name__}; run the {stage} stage "
+                        f"again (dvc repro -f {stage})")
+    return manifest

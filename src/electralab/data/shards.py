@@ -377,7 +377,12 @@ def build_shards(corpus_dir: str | Path, vocab_dir: str | Path, out_dir: str | P
 # --------------------------------------------------------------------------------------------
 
 def read_shards_manifest(shards_dir: str | Path) -> dict:
-    return read_manifest(Path(shards_dir) / MANIFEST, "shards")
+    manifest = read_manifest(Path(shards_dir) / MANIFEST, "shards")
+    missing = [k for k in ("seq_len", "vocab_size", "dtype", "splits") if k not in manifest]
+    if missing:
+        raise DataError(f"{Path(shards_dir) / MANIFEST}: no {missing[0]!r}; run the shards stage again "
+                        f"(dvc repro -f shards)")
+    return manifest
 
 
 def verify_shards(shards_dir: str | Path, manifest: dict | None = None, splits: list[str] | None = None,

@@ -17,7 +17,7 @@ sentencepiece 0.2.3's own sampling (`shuffle_input_sentence`) does not follow
 it keeps, it samples nothing. With the same corpus and config (`threads` included: the thread count
 changes the merges) the model file is byte-identical.
 
-Output (`out_dir`): spm.model, spm.vocab, tokenizer.json (uncased flag, vocab size, ids, model sha256).
+Output (`out_dir`): spm.model, spm.vocab, electralab_tokenizer.json (uncased flag, vocab size, ids, model sha256).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from electralab.io import atomic_dir, write_json
 
 MODEL_FILE = "spm.model"
 VOCAB_FILE = "spm.vocab"
-TOKENIZER_FILE = "tokenizer.json"
+# Our manifest; "tokenizer.json" is the name transformers reads as a `tokenizers` file (data/hf_tokenizer.py).
+TOKENIZER_FILE = "electralab_tokenizer.json"
 # Paragraphs used to report characters per token and the [UNK] rate of the new vocabulary.
 EVAL_PARAGRAPHS = 2000
 

@@ -3,7 +3,7 @@
     data = prepare(TASKS["mnli"], tokenizer, cfg, data_root, fractions=(1.0, 0.01))
     data[1.0].train, data[1.0].evals, data[1.0].counts       # every label; 1% of them in data[0.01]
 
-Caps (`max_train_examples`, `max_eval_examples`; SQuAD: `squad.max_train_questions`,
+Caps (`train_caps` per task, else `max_train_examples`; `max_eval_examples`; SQuAD: `squad.max_train_questions`,
 `squad.max_eval_questions`) and label fractions draw from one fixed permutation of
 each split (seed SUBSET_SEED), so every run sees the same examples, and the 1% subset is inside the 10%
 one. Counts of what exists and what is used go to MLflow (`num_train_available`, `num_train_examples`,
@@ -59,7 +59,7 @@ def _digest(h, encoded: Encoded) -> None:
 def prepare(task: Task, tokenizer, cfg: FinetuneConfig, data_root: Path | None,
             fractions: Iterable[float] = (1.0,)) -> dict[float, TaskData]:
     """TaskData per label fraction (evaluation splits shared). Raises MissingSplit."""
-    train_cap, eval_cap = cfg.max_train_examples, cfg.max_eval_examples
+    train_cap, eval_cap = cfg.train_caps.get(task.name, cfg.max_train_examples), cfg.max_eval_examples
     if task.kind == "span":
         train_cap = cfg.squad.max_train_questions or train_cap
         eval_cap = cfg.squad.max_eval_questions or eval_cap

@@ -26,13 +26,29 @@ import numpy as np
 # --------------------------------------------------------------------------------------------
 
 
+def paired(predictions, labels) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides as 1-D arrays of one length: (N, 1) against (N,) would broadcast to an (N, N) comparison
+    and give a plausible-looking wrong number, so it is refused."""
+    p, y = np.asarray(predictions), np.asarray(labels)
+    if p.ndim != 1 or p.shape != y.shape:
+        raise ValueError(f"metric inputs must be 1-D and of one length: predictions {p.shape}, labels {y.shape}")
+    return p, y
+
+
+def finite(x: np.ndarray) -> bool:
+    """Whether every value is a finite number (always true for class ids)."""
+    return not np.issubdtype(x.dtype, np.floating) or bool(np.isfinite(x).all())
+
+
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
-    return 100.0 * float(np.mean(np.asarray(predictions) == np.asarray(labels)))
+    p, y = paired(predictions, labels)
+    return 100.0 * float(np.mean(p == y))
 
 
 def f1_positive(predictions: np.ndarray, labels: np.ndarray, positive: int = 1) -> float:
     """F1 of the positive class (scikit-learn's f1_score; 0 when there is no true or predicted positive)."""
-    p, y = np.asarray(predictions) == positive, np.asarray(labels) == positive
+    p, y = paired(predictions, labels)
+    p, y = p == positive, y == positive
     tp, fp, fn = np.sum(p & y), np.sum(p & ~y), np.sum(~p & y)
     denominator = 2 * tp + fp + fn
     return 100.0 * float(2 * tp / denominator) if denominator else 0.0
@@ -40,7 +56,7 @@ def f1_positive(predictions: np.ndarray, labels: np.ndarray, positive: int = 1) 
 
 def matthews(predictions: np.ndarray, labels: np.ndarray) -> float:
     """Matthews correlation (scikit-learn's multiclass form; 0 when either side is constant)."""
-    y, p = np.asarray(labels), np.asarray(predictions)
+    p, y = paired(predictions, labels)
     classes = np.union1d(y, p)
     confusion = np.array([[np.sum((y == a) & (p == b)) for b in classes] for a in classes], dtype=np.float64)
     t_sum, p_sum = confusion.sum(axis=1), confusion.sum(axis=0)
@@ -54,8 +70,10 @@ def matthews(predictions: np.ndarray, labels: np.ndarray) -> float:
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson's r (NaN when either side is constant, as scipy.stats.pearsonr gives)."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    """Pearson's r (NaN when either side is constant, as scipy.stats.pearsonr gives, or not finite)."""
+    x, y = (a.astype(np.float64) for a in paired(x, y))
+    if not (finite(x) and finite(y)):
+        return float("nan")
     dx, dy = x - x.mean(), y - y.mean()
     denominator = np.sqrt(np.sum(dx * dx) * np.sum(dy * dy))
     return 100.0 * float(np.sum(dx * dy) / denominator) if denominator > 0 else float("nan")
@@ -75,7 +93,11 @@ def average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman's rho: Pearson's r of the average ranks (scipy.stats.spearmanr)."""
+    """Spearman's rho: Pearson's r of the average ranks (scipy.stats.spearmanr); NaN when either side has a
+    NaN or infinity (ranking would order NaN as the largest value and give a number to a diverged model)."""
+    x, y = (a.astype(np.float64) for a in paired(x, y))
+    if not (finite(x) and finite(y)):
+        return float("nan")
     return pearson(average_ranks(x), average_ranks(y))
 
 
@@ -139,12 +161,16 @@ def f1_score(gold: str, prediction: str) -> float:
 
 
 def squad_metrics(golds: dict[str, tuple[str, ...]], predictions: dict[str, str]) -> dict[str, float]:
-    """exact/f1 over the questions with a prediction, and the has_ans_/no_ans_ breakdowns (those
-    present): `golds` maps a question id to its gold answers (() when unanswerable)."""
+    """exact/f1 over every question, and the has_ans_/no_ans_ breakdowns (those present): `golds` maps a
+    question id to its gold answers (() when unanswerable). A question without a prediction is an error,
+    as in the official script (whose breakdowns fail on it): a score over part of the questions would look
+    like a score over all of them."""
+    missing = [qid for qid in golds if qid not in predictions]
+    if missing:
+        raise ValueError(f"SQuAD: {len(missing)} of {len(golds)} questions have no prediction "
+                         f"(first: {', '.join(missing[:3])})")
     exact, f1, has_answer = {}, {}, {}
     for qid, answers in golds.items():
-        if qid not in predictions:
-            continue   # the official script skips (and reports) a missing prediction
         gold = [a for a in answers if normalize_answer(a)] or [""]
         exact[qid] = max(exact_score(a, predictions[qid]) for a in gold)
         f1[qid] = max(f1_score(a, predictions[qid]) for a in gold)

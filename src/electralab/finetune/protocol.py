@@ -7,7 +7,9 @@
    runs in coco-lm/fig3 or amos/fig4 add `efficiency_tasks` on each pretraining fraction checkpoint
    (models/<run>/fractions/<pct>/encoder), runs in coco-lm/fig7 add `few_shot_tasks` on each of
    `few_shot_fractions` of the training labels.
-2. Read and tokenise each task once (the run's own vocabulary); a missing split makes the task missing.
+2. Read and tokenise each task once (the run's own vocabulary); a missing split stops the stage before any
+   trial, unless it is a known gap of the offline mirror (QQP dev) or allowed (ELECTRALAB_ALLOW_MISSING=1):
+   then the task is recorded as missing, with the reason.
 3. Phase 1 on Ray Tune: every configuration x seed of the main groups. Per group, the median over the
    seeds per configuration; the best median of the main metric wins.
 4. Phase 2: the extras with the configuration phase 1 selected for their task (extras_grid: selected)
@@ -28,9 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tqdm import tqdm
-
 from electralab.config import FinetuneConfig, to_dict
+from electralab.data.progress import progress_bar
 from electralab.data.vocab import Tokenizer
 from electralab.errors import ConfigError, DataError, TrialsFailed
 from electralab.finetune.data import TaskData, prepare
@@ -53,6 +54,8 @@ class Plan:
     encoders: dict[str, Path]                                     # checkpoint -> encoder directory
     hours: dict[str, dict[str, float]] = field(default_factory=dict)   # checkpoint -> wall/device hours
     missing: dict[str, str] = field(default_factory=dict)         # group key -> why it cannot run
+    known_gaps: set[str] = field(default_factory=set)             # of those, the offline mirror's known gaps
+    pretrain_run_id: str = ""                                     # the MLflow run that made model_dir
 
     @staticmethod
     def is_extra(group: Group) -> bool:
@@ -66,7 +69,9 @@ def plan(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path) -> Plan:
     out = Plan([Group(task) for task in cfg.tasks], {FINAL: encoder})
     summary = model_dir / "summary.json"
     if summary.is_file():
-        out.hours[FINAL] = {k: v for k, v in read_json(summary).items() if k in ("wall_hours", "device_hours")}
+        made = read_json(summary)
+        out.hours[FINAL] = {k: v for k, v in made.items() if k in ("wall_hours", "device_hours")}
+        out.pretrain_run_id = str(made.get("mlflow_run_id", ""))
     tables = set(run.spec.tables)
     extras: list[Group] = []
     if tables & set(EFFICIENCY_TABLES):
@@ -110,8 +115,21 @@ def load_data(the_plan: Plan, cfg: FinetuneConfig, tokenizer: Tokenizer,
             for fraction, prepared in prepare(TASKS[task], tokenizer, cfg, data_root, sorted(wanted)).items():
                 data[(task, fraction)] = prepared
         except MissingSplit as e:
-            the_plan.missing.update({g.key: str(e) for g in the_plan.groups if g.task == task})
+            keys = [g.key for g in the_plan.groups if g.task == task]
+            the_plan.missing.update({key: str(e) for key in keys})
+            if e.known_gap:
+                the_plan.known_gaps.update(keys)
     return data
+
+
+def check_missing(run: ResolvedRun, the_plan: Plan, allow_missing: bool) -> None:
+    """Refuse to start when a requested group cannot run, other than the offline mirror's known gaps: a
+    stage that exits 0 would hide it from `dvc repro`, the flow and the report's reader."""
+    unexpected = {k: why for k, why in the_plan.missing.items() if k not in the_plan.known_gaps}
+    if unexpected and not allow_missing:
+        listed = "; ".join(f"{k}: {why}" for k, why in sorted(unexpected.items()))
+        raise DataError(f"finetune {run.name}: {len(unexpected)} requested task(s) cannot run ({listed}); fix the "
+                        f"data, or set ELECTRALAB_ALLOW_MISSING=1 to record them as missing and fine-tune the rest")
 
 
 class GridRun:
@@ -126,12 +144,15 @@ class GridRun:
         self.fingerprints = {g: fingerprint(g.key, weights[g.checkpoint], data[(g.task, g.label_fraction)].fingerprint,
                                             asdict(self.settings), cfg.max_seq_len) for g in self.runnable}
         self.store = ResultStore(scratch_dir / "results")
-        self.tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json")
+        self.tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json", the_plan.pretrain_run_id)
         self.selections: dict[Group, Selection] = {}
         self.resumed = 0
-        self.bar = tqdm(desc=f"finetune {run.name}", unit="trial", disable=not show_progress, dynamic_ncols=True)
+        # Every trial of both phases counted up front (the extras run the one selected configuration).
+        total = sum(len(self.cfg.seeds) * (1 if self.uses_selection(g) else len(self.grid_of(g))) for g in self.runnable)
+        self.bar = progress_bar(total=total, desc=f"finetune {run.name}", unit="trial", disable=not show_progress,
+                                dynamic_ncols=True)
         self.settings_params = {k: v for k, v in to_dict(cfg).items()
-                                if k in ("max_seq_len", "max_train_examples", "max_eval_examples", "adam_betas",
+                                if k in ("max_seq_len", "max_train_examples", "train_caps", "max_eval_examples", "adam_betas",
                                          "adam_eps", "weight_decay", "clip_norm", "group_by_length", "squad")}
 
     @property
@@ -168,7 +189,6 @@ class GridRun:
             self.store.put(spec, result)    # first: a finished trial is never run again
             record(spec, result)
 
-        self.bar.total = (self.bar.total or 0) + len(specs)
         todo = []
         for spec in specs:
             done = self.store.get(spec, self.fingerprints[spec.group])
@@ -206,15 +226,17 @@ class GridRun:
 
 
 def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir: Path, data_root: Path | None, *,
-             trainable_fn: Callable | None = None, show_progress: bool = True) -> dict:
+             trainable_fn: Callable | None = None, show_progress: bool = True, allow_missing: bool = False) -> dict:
     """Fine-tune and evaluate `run` (see the module docstring); returns the metrics file's content.
-    `trainable_fn` replaces the Tune trainable (tests inject failures with it)."""
+    `trainable_fn` replaces the Tune trainable (tests inject failures with it). A requested task whose data
+    is missing stops it before any trial, unless a known gap of the mirror or `allow_missing`."""
     from electralab.finetune.tuning import ray_session   # imports Ray
 
     started = time.perf_counter()
     model_dir, scratch_dir = Path(model_dir).resolve(), Path(scratch_dir).resolve()
     the_plan = plan(run, cfg, model_dir)
     data = load_data(the_plan, cfg, Tokenizer(model_dir / "encoder"), data_root)
+    check_missing(run, the_plan, allow_missing)
     grid = GridRun(run, cfg, the_plan, data, scratch_dir, show_progress)
     seconds = {"data": time.perf_counter() - started}
     try:
@@ -224,9 +246,10 @@ def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir
                 begin = time.perf_counter()
                 grid.run_phase(groups, phase, trainable_fn)
                 seconds[f"phase {phase}"] = time.perf_counter() - begin
+        parents = {g.key: grid.tracker.parents[g.key]["run_id"] for g in grid.selections}
         for group in the_plan.groups:
             if group.key in the_plan.missing:
-                grid.tracker.missing(group, TASKS[group.task], the_plan.missing[group.key])
+                parents[group.key] = grid.tracker.missing(group, TASKS[group.task], the_plan.missing[group.key])
     except BaseException as error:
         grid.bar.close()
         grid.tracker.fail(error)
@@ -234,6 +257,8 @@ def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir
     grid.bar.close()
     shutil.rmtree(scratch_dir, ignore_errors=True)
     summary = summarize(grid.selections, the_plan.missing, time.perf_counter() - started)
+    # Which MLflow runs these numbers are, and of which pretraining run: the report reads only those.
+    summary["mlflow"] = {"pretrain_run_id": the_plan.pretrain_run_id, "parents": dict(sorted(parents.items()))}
     print(f"finetune {run.name}: {summary['trials']} trials ({grid.resumed} from an earlier run) of "
           f"{len(grid.selections)} groups in {summary['seconds']:.0f} s ("
           + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + f"); missing: {', '.join(the_plan.missing) or 'none'}")

@@ -153,7 +153,7 @@ def decode(windows: SquadWindows, start_logits: list[np.ndarray], end_logits: li
            cfg: SquadSettings) -> dict[str, str]:
     """Every question's answer: the best-scoring valid span over its windows (start + end logit,
     n_best candidates each side, end >= start, at most max_answer_len tokens, inside the context,
-    the start token in its max-context window), or "" when the null score (the [CLS] span, the
+    the start token in its max-context window, at least one character), or "" when the null score (the [CLS] span, the
     smallest over the windows) beats it by more than null_threshold."""
     best_score = np.full(len(windows.qids), -np.inf)
     best_chars = [(0, 0)] * len(windows.qids)
@@ -164,7 +164,10 @@ def decode(windows: SquadWindows, start_logits: list[np.ndarray], end_logits: li
         first, last, best = windows.char_start[w], windows.char_end[w], windows.max_context[w]
         k = min(cfg.n_best, len(s))
         si, ei = np.meshgrid(np.argsort(-s, kind="stable")[:k], np.argsort(-t, kind="stable")[:k], indexing="ij")
-        ok = (first[si] >= 0) & (first[ei] >= 0) & best[si] & (ei >= si) & (ei - si < cfg.max_answer_len)
+        # A span must cover at least one character: a lone "▁" piece covers none, and an empty span would
+        # read as "no answer" although the null score lost (BERT and transformers skip such spans too).
+        ok = ((first[si] >= 0) & (first[ei] >= 0) & best[si] & (ei >= si) & (ei - si < cfg.max_answer_len)
+              & (last[ei] > first[si]))
         if not ok.any():
             continue
         scores = np.where(ok, s[si] + t[ei], -np.inf)

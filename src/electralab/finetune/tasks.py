@@ -12,8 +12,9 @@ Offline formats (docs/finetuning.md, ../shared/data/SOURCES.md):
 * SQuAD 2.0: `squad2/{train,dev}-v2.0.json`, the official JSON.
 
 Labels become the hub's ids (the order of `Task.labels`), so both sources give the same numbers.
-A split that is not there raises MissingSplit (the stage records the task as missing, with the
-reason, and fine-tunes the others); a malformed file raises DataError naming the file and line.
+A split that is not there raises MissingSplit: the stage fails naming it, unless it is one of the offline
+mirror's known gaps (MIRROR_GAPS) or ELECTRALAB_ALLOW_MISSING=1 is set, when it records the task as missing
+with the reason and fine-tunes the others. A malformed file raises DataError naming the file and line.
 """
 
 from __future__ import annotations
@@ -29,7 +30,16 @@ from electralab.errors import DataError
 
 
 class MissingSplit(DataError):
-    """A task's split is not available (not in the mirror, or not downloadable): the task is skipped."""
+    """A task's split is not available (not in the mirror, or not downloadable). `known_gap`: a file the
+    offline mirror is known to lack, which the stage skips without being told to."""
+
+    def __init__(self, message: str, known_gap: bool = False):
+        super().__init__(message)
+        self.known_gap = known_gap
+
+
+# What ../shared/data (the offline mirror) does not have: GLUE's QQP dev split (docs/finetuning.md).
+MIRROR_GAPS = {"glue/QQP/dev.tsv"}
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,10 @@ TASKS: dict[str, Task] = {t.name: t for t in (
                                            "no_ans_f1")),
 )}
 GLUE_TASKS = tuple(name for name, t in TASKS.items() if t.kind != "span")
+# The official training sets' sizes (examples; SQuAD 2.0: questions): the report says how much of each
+# a preset used, so a column trained on a subset (the offline mirror's MNLI, QNLI, QQP) is labelled so.
+OFFICIAL_TRAIN_SIZES = {"mnli": 392_702, "qqp": 363_846, "qnli": 104_743, "sst2": 67_349, "cola": 8_551,
+                        "rte": 2_490, "mrpc": 3_668, "stsb": 5_749, "squad2": 130_319}
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,7 +140,11 @@ def _label(task: Task, value: str, where: str) -> float | int:
 
 def read_glue_tsv(task: Task, path: Path) -> GlueSplit:
     """A GLUE TSV as download_glue_data.py wrote it (and ELECTRA reads it): split on tabs, no quoting."""
-    text = path.read_text(encoding="utf-8-sig")          # -sig: drops MRPC's byte order mark
+    try:
+        text = path.read_text(encoding="utf-8-sig")      # -sig: drops MRPC's byte order mark
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text at byte {e.start} (a binary or truncated file?); GLUE files "
+                        f"are tab-separated UTF-8") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":                        # a final newline (CoLA dev has none)
         lines.pop()
@@ -192,7 +210,7 @@ def read_squad_json(path: Path) -> SquadSplit:
     """The official SQuAD 2.0 JSON: data[].paragraphs[].{context, qas[].{id, question, answers, is_impossible}}."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))["data"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:   # ValueError: bad JSON, or bytes that are not UTF-8
         raise DataError(f"{path}: not a SQuAD JSON file ({type(e).__name__}: {e})") from None
     examples = []
     for article in data:
@@ -232,7 +250,9 @@ def read_split(task: Task, split: str, data_root: Path | None) -> GlueSplit | Sq
         else:
             path = data_root / "glue" / task.directory / f"{split}.tsv"
         if not path.is_file():   # relative: the message lands in metrics/finetune/<run>.json, kept in git
-            raise MissingSplit(f"no {split} split: {path.relative_to(data_root)} is not in the ELECTRALAB_DATA mirror")
+            relative = path.relative_to(data_root).as_posix()
+            raise MissingSplit(f"no {split} split: {relative} is not in the ELECTRALAB_DATA mirror",
+                               known_gap=relative in MIRROR_GAPS)
         return read_squad_json(path) if task.kind == "span" else read_glue_tsv(task, path)
     return _read_hub(task, split)
 
@@ -254,5 +274,5 @@ def _read_hub(task: Task, split: str) -> GlueSplit | SquadSplit:
     return squad_from_hub_rows(rows, source) if task.kind == "span" else glue_from_hub_rows(task, rows, source)
 
 
-__all__ = ["DEV", "EvalSplit", "GLUE_TASKS", "GlueSplit", "MissingSplit", "SquadExample", "SquadSplit", "TASKS",
+__all__ = ["DEV", "EvalSplit", "GLUE_TASKS", "GlueSplit", "MIRROR_GAPS", "MissingSplit", "SquadExample", "SquadSplit", "TASKS",
            "Task", "glue_from_hub_rows", "read_glue_tsv", "read_split", "read_squad_json", "squad_from_hub_rows"]

@@ -32,13 +32,14 @@ def _finite(value: Any) -> bool:
 
 
 class FinetuneTracker:
-    def __init__(self, run: ResolvedRun, seeds: tuple[int, ...], state_path: Path):
+    def __init__(self, run: ResolvedRun, seeds: tuple[int, ...], state_path: Path, pretrain_run_id: str = ""):
         self.run = run
         self.client = tracking.client()
         self.experiment = tracking.ensure_experiment(run.preset)
         # git_sha costs a subprocess: the tags are built once and copied per run.
         self.tags = tracking.run_tags(run=run.name, method=run.method, tables=run.spec.tables, preset=run.preset,
-                                      seed=",".join(map(str, seeds)), stage="finetune")
+                                      seed=",".join(map(str, seeds)), stage="finetune",
+                                      pretrain_run_id=pretrain_run_id)
         self.state_path = Path(state_path)
         self.parents: dict[str, dict] = read_json(self.state_path) if self.state_path.is_file() else {}
         self.open: set[str] = set()
@@ -50,6 +51,8 @@ class FinetuneTracker:
     def parent(self, group: Group, task: Task, fingerprint: str) -> str:
         """The group's parent run: the one an interrupted stage started for the same inputs, or a new one."""
         known = self.parents.get(group.key)
+        if known and known["fingerprint"] != fingerprint:   # its inputs changed: it will never be finished
+            tracking.close_orphan(known["run_id"], "fine-tuning stopped; its inputs changed before it resumed")
         if known and known["fingerprint"] == fingerprint:
             try:
                 if self.client.get_run(known["run_id"]).info.status != "RUNNING":
@@ -96,14 +99,19 @@ class FinetuneTracker:
         self.client.log_batch(parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items() if _finite(v)],
                               params=[Param(k, str(v)[:6000]) for k, v in flat.items()])
         self.client.log_text(parent_id, selection.medians.to_csv(index=False), "medians.csv")
+        failed = sorted(k.removeprefix("median_") for k, v in selection.stats.items()
+                        if k.startswith("median_") and not _finite(v))
+        if failed:   # every configuration diverged (NaN): the report shows these cells as failed, not missing
+            self.client.set_tag(parent_id, "failed_metrics", ",".join(failed))
         self.client.set_terminated(parent_id, "FINISHED")
         self.open.discard(parent_id)
 
-    def missing(self, group: Group, task: Task, reason: str) -> None:
-        """A FINISHED parent without metrics whose `missing` tag says why (the report shows "—")."""
+    def missing(self, group: Group, task: Task, reason: str) -> str:
+        """A FINISHED parent without metrics whose `missing` tag says why (the report lists it); its id."""
         tags = {**self._group_tags(group, task), "missing": reason[:5000], "mlflow.note.content": f"missing: {reason}"}
         run_id = self.client.create_run(self.experiment, run_name=f"{self.run.name}/{group.key}", tags=tags).info.run_id
         self.client.set_terminated(run_id, "FINISHED")
+        return run_id
 
     def fail(self, error: BaseException) -> None:
         status = "FAILED" if isinstance(error, Exception) else "KILLED"

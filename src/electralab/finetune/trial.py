@@ -84,7 +84,7 @@ def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings
         # A diverged configuration is a result too (its dev metrics show it): the grid goes on.
         evaluated = evaluate(model, data, settings, device, precision) if settings.eval_every_epoch or epoch == hp.epochs else {}
         history.append({"epoch": epoch, "train_loss": float(torch.stack(losses).mean()), **evaluated,
-                        "seconds": time.perf_counter() - started})
+                        "seconds": time.perf_counter() - started, "threads": torch.get_num_threads()})
         if report is not None:
             report(history)
     return history
@@ -113,11 +113,16 @@ def evaluate(model: FinetuneModel, data: TaskData, settings: TrialSettings, devi
         if isinstance(evaluation, SquadWindows):
             logits = predict(model, evaluation.encoded, settings.eval_batch_size, device, precision)
             answers = decode(evaluation, [x[:, 0] for x in logits], [x[:, 1] for x in logits], settings.squad)
-            metrics.update(squad_metrics(dict(zip(evaluation.qids, evaluation.answers)), answers))
+            scores = squad_metrics(dict(zip(evaluation.qids, evaluation.answers)), answers)
+            diverged = not all(np.isfinite(x).all() for x in logits)
         else:
             outputs = np.stack(predict(model, evaluation, settings.eval_batch_size, device, precision))
             predictions = outputs if data.task.kind == "regression" else outputs.argmax(axis=-1)
-            metrics.update(glue_metrics(data.task.name, predictions, evaluation.labels, split.suffix))
+            scores = glue_metrics(data.task.name, predictions, evaluation.labels, split.suffix)
+            diverged = not np.isfinite(outputs).all()
+        # A diverged model's argmax, ranks or empty answers would still give numbers (NaN sorts as the
+        # largest value): none of its metrics is one, so selection never picks it and the report says so.
+        metrics.update({k: math.nan for k in scores} if diverged else scores)
     return metrics
 
 

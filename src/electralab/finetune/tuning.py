@@ -60,7 +60,8 @@ def init_ray(resources: TrialResources) -> bool:
     if ray.is_initialized():
         return False
     address = os.environ.get("RAY_ADDRESS")
-    env = dict(TUNE_ENV)
+    # A trial's threads follow its CPUs (the trainable sets torch's too), not the stage's OMP_NUM_THREADS.
+    env = {**TUNE_ENV, "OMP_NUM_THREADS": str(max(1, int(resources.cpus)))}
     if not address:
         src = str(Path(__file__).resolve().parents[2])   # the directory holding this `electralab` package
         paths = [src, *(str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]

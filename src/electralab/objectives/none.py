@@ -1,10 +1,10 @@
-"""No pretraining: the control row of every table ("No pretraining").
+"""No pretraining: the control row of every table ("No pretraining (control)").
 
-The main encoder exactly as every method initialises it (BERT's N(0, 0.02) weights, the preset's
-shape), exported without a single training step and fine-tuned like every other run, so that every
-table shows what pretraining bought: a pretrained row is worth reading only where it beats this one.
-(Cramming, Geiping & Goldstein 2023, Table 2, reports BERT-base without pretraining at GLUE ~20 points
-below BERT; at our scale the gap is what the default preset measures.)
+The main encoder as initialised (BERT's N(0, 0.02) weights, the preset's shape and seed: exactly MLM's
+starting weights), exported without a single training step and fine-tuned like every other run, so that
+every table shows what pretraining bought: a pretrained row is worth reading only where it beats this one.
+(Geiping & Goldstein 2023, "Cramming", report BERT-base without pretraining at about 18 STS-B Spearman
+and 80 SST-2 accuracy.)
 """
 
 from __future__ import annotations

@@ -31,11 +31,12 @@ import pandas as pd
 from electralab import tracking
 from electralab.io import atomic_dir
 from electralab.report import figures as F
-from electralab.report.build import (BuiltTable, Results, build_tables, cell_lookup, check_preset, check_specs,
-                                     fetch_results, glue_average, metric_history)
-from electralab.report.claims import check_claims
-from electralab.report.render import claims_html, claims_markdown, page_html, table_html, to_csv, to_markdown
-from electralab.report.specs import SQUAD2, TABLES
+from electralab.report.build import (BuiltTable, Results, WorkspaceState, build_tables, cell_lookup, check_preset,
+                                     check_specs, fetch_results, glue_average, metric_history)
+from electralab.report.claims import HOLDS, NOISE, REVERSED, check_claims
+from electralab.report.render import claims_details, claims_markdown, page_html, table_html, to_csv, to_markdown
+from electralab.report.specs import CONTROL_RUN, GLUE_AVG_PARTS, SQUAD2, TABLES
+from electralab.report.why import explain, missing_reasons
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,14 @@ class Sources:
     stsb_dev: Path | None = None          # $ELECTRALAB_DATA/glue/STS-B/dev.tsv (Fig. 1/5 similar pairs)
     corpus_files: tuple[Path, ...] = ()   # corpus paragraphs (Fig. 1/5 random pairs)
     random_pairs: int = 200
+    # task -> why its dev results can never exist with this data (e.g. QQP: no dev split in the offline mirror):
+    # the tables' footnotes say so, and figure panels that need it (GLUE AVG) are left out.
+    unavailable: tuple[tuple[str, str], ...] = ()
+
+    def glue_avg_unavailable(self) -> str:
+        """Why no GLUE average can ever be computed ("" if it can)."""
+        gone = dict(self.unavailable)
+        return "; ".join(f"{c.name}: {gone[c.task]}" for c in GLUE_AVG_PARTS if c.task in gone)
 
 
 def stem(key: str) -> str:
@@ -97,7 +106,8 @@ def make_figures(results: Results, sources: Sources):
     """Every figure: key -> (matplotlib Figure, its series as a DataFrame for DVC plots or None)."""
     preset = results.preset
     history_runs = sorted({r for s in F.SCL_SERIES.values() for r, _, _ in s} | {r for r, _ in F.COPY_CLM_RUNS}
-                          | {r for r, _, _ in F.CURRICULUM_SERIES} | {"amos", "cocolm", "mlm", "electra"})
+                          | {r for r, _, _ in F.CURRICULUM_SERIES} | {r for r, _, _ in F.MIX_SERIES}
+                          | {"amos", "cocolm", "mlm", "electra"})
     history = metric_history(results, history_runs, HISTORY_METRICS)
     scl = [s for series in F.SCL_SERIES.values() for s in series]
     copy_clm = [(run, metric, label) for _, metric in F.COPY_CLM_PANELS for run, label in F.COPY_CLM_RUNS]
@@ -108,26 +118,54 @@ def make_figures(results: Results, sources: Sources):
     depth = F.sweep_points(results.cells, {"TEAMS": F.GENERATOR_DEPTH_RUNS}, F.SWEEP_COLUMNS)
     negatives = F.sweep_points(results.cells, F.NEGATIVES_RUNS, F.SWEEP_COLUMNS)
     lookup = cell_lookup(results.final_cells())
-    electra = {F.GLUE_COLUMN.name: glue_average(lookup, "electra"),
-               SQUAD2[1].name: lookup.get(("electra", SQUAD2[1].task, SQUAD2[1].metric), {}).get("median", math.nan)}
+    reference = F.NEGATIVES_REFERENCE   # ELECTRA at the ablation budget: Fig. 5's reference line
+    electra = {F.GLUE_COLUMN.name: glue_average(lookup, reference),
+               SQUAD2[1].name: lookup.get((reference, SQUAD2[1].task, SQUAD2[1].metric), {}).get("median", math.nan)}
     cos = cosines(results, sources)
+    # Panels that can never fill with this data (GLUE AVG without QQP offline) are left out, not drawn empty.
+    glue = [] if sources.glue_avg_unavailable() else [F.GLUE_COLUMN]
+    crop_columns, sweep_columns = [F.MNLI_M, F.MNLI_MM, *glue], [*glue, SQUAD2[1]]
     return {
         "coco-lm/fig1-5": (F.cosine_figure(cos, preset), None),
         "coco-lm/fig3": (F.efficiency_figure(coco_hours, "cocolm", {"mlm": "RoBERTa (Ours)", "electra": "ELECTRA (Ours)"},
                                              f"COCO-LM Fig. 3: MNLI dev vs pretraining hours ({preset} preset)"), coco_hours),
-        "coco-lm/fig4": (F.crop_figure(crop, preset), F.sweep_frame(crop)),
+        "coco-lm/fig4": (F.crop_figure(crop, preset, crop_columns), F.sweep_frame(crop)),
         "coco-lm/fig7a": (F.scl_cosine_figure(history, preset), F.history_frame(history, scl)),
         "coco-lm/fig8": (F.copy_clm_figure(history, preset), F.history_frame(history, copy_clm)),
         "amos/fig3a": (F.mix_weights_figure(history, preset), F.history_frame(history, F.MIX_SERIES)),
         "amos/fig3b": (F.curriculum_figure(history, preset), F.history_frame(history, F.CURRICULUM_SERIES)),
         "amos/fig4": (F.efficiency_figure(amos_hours, "amos", {"cocolm": "COCO-LM", "electra": "ELECTRA", "mlm": "RoBERTa"},
                                           f"AMOS Fig. 4: MNLI dev vs pretraining hours ({preset} preset)"), amos_hours),
-        "teams/fig4": (F.generator_depth_figure(depth, preset), F.sweep_frame(depth)),
-        "teams/fig5": (F.negatives_figure(negatives, electra, preset), F.sweep_frame(negatives)),
+        "teams/fig4": (F.generator_depth_figure(depth, preset, sweep_columns), F.sweep_frame(depth)),
+        "teams/fig5": (F.negatives_figure(negatives, electra, preset, sweep_columns), F.sweep_frame(negatives)),
     }
 
 
 # --- the report --------------------------------------------------------------------------------------
+
+def training_data_note(results: Results) -> str:
+    """How many training examples each fine-tuned task used, against its official training set."""
+    from electralab.finetune.tasks import OFFICIAL_TRAIN_SIZES
+
+    cells = results.final_cells()
+    used = cells.dropna(subset=["train_examples"]).groupby("task")["train_examples"].max()
+    parts = []
+    for task, n in used.items():
+        full = OFFICIAL_TRAIN_SIZES.get(task)
+        share = "all" if full and n >= full else f"a subset of {full:,}" if full else ""
+        parts.append(f"{task} {int(n):,} ({share})" if share else f"{task} {int(n):,}")
+    return ("Fine-tuning examples per task (a subset is a fixed sample, or all the offline mirror has): "
+            + "; ".join(parts) + ".") if parts else ""
+
+
+def mark_verdicts(table: BuiltTable, claims: pd.DataFrame) -> None:
+    """`row_verdict` for the page: the verdict of the table's claim about each row, i.e. its subject against
+    that row (the subject's own row: against the no-pretraining control); none where no claim was decided."""
+    decided = claims[(claims["run"] == table.spec.subject) & claims["verdict"].isin([HOLDS, REVERSED, NOISE])]
+    verdicts = {table.spec.subject if than == CONTROL_RUN else than: verdict
+                for than, verdict in zip(decided["than"], decided["verdict"])}
+    table.frame["row_verdict"] = table.frame["run"].map(verdicts).fillna("")
+
 
 def summary_metrics(results: Results, tables: dict[str, BuiltTable], claims: pd.DataFrame | None = None) -> dict:
     """DVC metrics (metrics/report.json): per run our GLUE average, MNLI-m and SQuAD 2.0 F1 medians,
@@ -149,19 +187,43 @@ def summary_metrics(results: Results, tables: dict[str, BuiltTable], claims: pd.
     return out
 
 
+def provenance(results: Results, state: WorkspaceState | None) -> list[str]:
+    """Where the numbers come from (Markdown lines): the pretraining runs and their DVC experiments, the runs
+    left out because their fine-tuning is of another pretraining run, the tasks that could not run and why."""
+    where = ("the runs this workspace's metrics/pretrain and metrics/finetune files name" if state is not None
+             else "the latest finished run of each name (no workspace state given)")
+    out = [f"Numbers come from {where}.", "", "| run | MLflow run | DVC experiment | steps |", "|---|---|---|---|"]
+    for r in results.pretrain.sort_values("run").itertuples():
+        steps = "" if pd.isna(r.steps) else f"{r.steps:.0f}"
+        out.append(f"| `{r.run}` | {r.run_id[:8]} | {r.dvc_exp or 'workspace'} | {steps} |")
+    for run in results.stale:
+        out.append(f"\n`{run}`: its fine-tuning is of another pretraining run than models/{run} (stale; "
+                   f"dvc repro finetune@{run}), so its fine-tuning cells are left empty.")
+    if len(results.missing):
+        out += ["", "Could not run (fine-tuning recorded them as missing):", ""]
+        out += [f"- `{m.run}` {m.task}: {m.reason}" for m in results.missing.sort_values(["run", "task"]).itertuples()]
+    return out
+
+
 def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = None, *,
-                 sources: Sources | None = None, runs: Iterable[str] | None = None) -> dict:
+                 sources: Sources | None = None, runs: Iterable[str] | None = None,
+                 state: WorkspaceState | None = None) -> dict:
     """Build every table and figure of `preset` from MLflow into out_dir (replaced atomically).
 
     runs: the run names of params.yaml's registry, to check that every table names existing runs.
+    state: the MLflow runs the workspace's outputs name (build.workspace_state): only those are read.
     Returns {"preset", "tables": {key: BuiltTable}, "figures": {key: png path}, "metrics": {...}}."""
     check_preset(preset)
     if runs is not None:
         check_specs(runs)
     sources = sources or Sources()
-    results = fetch_results(preset, tracking_uri)
+    results = fetch_results(preset, tracking_uri, state)
     tables = build_tables(results)
     claims = {key: check_claims(table.spec, results) for key, table in tables.items()}
+    reasons = missing_reasons(results)
+    for key, table in tables.items():   # the `why` of every empty cell, and each row's claim verdict
+        explain(table, results, reasons, dict(sources.unavailable))
+        mark_verdicts(table, claims[key])
     out_dir = Path(out_dir)
     figure_paths: dict[str, Path] = {}
     with atomic_dir(out_dir) as tmp:
@@ -185,14 +247,27 @@ def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = No
                  f"{tracking.experiment_name(preset)} ({results.tracking_uri})."]
         if sources.note:
             intro.append(f"Data: {sources.note}")
+        if (used := training_data_note(results)):
+            intro.append(used)
+        for failure in results.failed.itertuples():   # a broken run is named, never a table cell
+            intro.append(f"Not in any table: run {failure.run}, whose pretraining failed ({failure.error}).")
         links = "\n\n".join(f"![{key}](figures/{stem(key)}.png)" for key in figure_paths)
-        (tmp / "report.md").write_text(f"# {title}\n\n" + "\n\n".join(intro) + "\n\n" + "\n".join(markdown)
+        origin = provenance(results, state)
+        (tmp / "report.md").write_text(f"# {title}\n\n" + "\n\n".join(intro) + "\n\n## Where the numbers come "
+                                       "from\n\n" + "\n".join(origin) + "\n\n" + "\n".join(markdown)
                                        + f"\n## Figures\n\n{links}\n", encoding="utf-8")
+        runs_line = "; ".join(f"{r.run} {r.run_id[:8]} ({r.dvc_exp or 'workspace'})"
+                              for r in results.pretrain.sort_values("run").itertuples())
+        intro = [*intro, *(line.replace("`", "").strip() for line in origin if line.strip() and not line.startswith("|")),
+                 f"Pretraining runs (MLflow run, DVC experiment): {runs_line or 'none'}"]
         pngs = {key: tmp / "figures" / f"{stem(key)}.png" for key in figure_paths}
-        tables_html = [table_html(t, sources.note) + claims_html(claims[k]) for k, t in tables.items()]
-        (tmp / "index.html").write_text(page_html(title, intro, tables_html, pngs), encoding="utf-8")
+        tables_html = [table_html(t, sources.note) + claims_details(claims[k]) for k, t in tables.items()]
+        left_out = sources.glue_avg_unavailable()
+        notes = [f"GLUE AVG panels are left out (COCO-LM Fig. 4, TEAMS Fig. 4 and 5): the average needs all eight "
+                 f"GLUE tasks, and with this data {left_out}."] if left_out else []
+        (tmp / "index.html").write_text(page_html(title, intro, tables_html, pngs, notes), encoding="utf-8")
     return {"preset": preset, "tables": tables, "claims": all_claims, "figures": figure_paths,
             "metrics": summary_metrics(results, tables, all_claims), "results": results}
 
 
-__all__ = ["Sources", "build_report", "make_figures", "stem", "summary_metrics", "TABLES"]
+__all__ = ["Sources", "build_report", "make_figures", "mark_verdicts", "stem", "summary_metrics", "TABLES"]

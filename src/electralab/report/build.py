@@ -8,14 +8,20 @@ Conventions (docs/reproducing.md):
 * "ours" is the median over the fine-tuning seeds that the fine-tuning parent run of (run, task)
   logs as `median_<metric>`; the spread is its `std_`, `min_`, `max_<metric>`.
 * Fine-tuning metrics are logged in percentage points, as the papers print them (88.5, not 0.885).
-* Only FINISHED runs count; when a (run, task) was fine-tuned more than once, the latest start wins.
-* Anything absent stays NaN (rendered "—"), never 0: a missing run, task, metric, or published value.
+* Only FINISHED runs count. Given the workspace's state (`workspace_state`: the MLflow run ids its
+  metrics/pretrain and metrics/finetune files record), only the runs it names count, so every number
+  describes the outputs the report sits beside; fine-tuning of another pretraining run than the workspace's
+  is left out (stale). Without it (a bare store), the latest start of each (run, task) wins.
+* Anything absent stays NaN (rendered "—"), never 0: a missing run, task, metric, or published value; a
+  metric whose median is not a number (a diverged model) is marked failed.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -36,8 +42,12 @@ class Results:
     preset: str
     tracking_uri: str
     experiment_id: str
-    cells: pd.DataFrame      # run, task, checkpoint, label_fraction, metric, median, std, min, max, run_id
-    pretrain: pd.DataFrame   # run, method, run_id, steps, and final_* metrics: one line per pretraining run
+    cells: pd.DataFrame      # run, task, checkpoint, label_fraction, metric, median, std, min, max, seeds, ..., failed
+    pretrain: pd.DataFrame   # run, method, run_id, steps, dvc_exp, and final_* metrics: one per pretraining run
+    missing: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["run", "task", "reason"]))
+    stale: list[str] = field(default_factory=list)   # runs whose fine-tuning is of another pretraining run
+    # runs whose latest pretraining attempt failed (collapsed, diverged): run, error. Not in any table.
+    failed: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["run", "error"]))
 
     def final_cells(self) -> pd.DataFrame:
         return final_cells(self.cells)
@@ -56,6 +66,7 @@ def check_preset(preset: str) -> None:
 def _mlflow(tracking_uri: str):
     import mlflow  # lazily: importing mlflow costs about a second
 
+    tracking.open_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     return mlflow
 
@@ -72,6 +83,30 @@ def experiment_id(preset: str, tracking_uri: str) -> str:
                           f"(experiments there: {', '.join(known) or 'none'}); run the pretrain and finetune "
                           f"stages of this preset first, or point MLFLOW_TRACKING_URI at their store")
     return found.experiment_id
+
+
+@dataclass(frozen=True)
+class WorkspaceState:
+    """The MLflow runs a workspace's outputs are: metrics/pretrain/<run>.json `mlflow_run_id`, and
+    metrics/finetune/<run>.json `mlflow` (its parents and the pretraining run it fine-tuned)."""
+    pretrain: dict[str, str]         # run -> pretraining MLflow run id
+    finetune: dict[str, dict]        # run -> {"pretrain_run_id": id, "parents": {group: id}}
+
+
+def workspace_state(metrics_dir: str | Path) -> WorkspaceState:
+    """Read the run ids the stages recorded under metrics_dir (metrics files without them name no run)."""
+    def read(kind: str) -> dict[str, dict]:
+        out = {}
+        for path in sorted((Path(metrics_dir) / kind).glob("*.json")):
+            try:
+                out[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as e:
+                raise ConfigError(f"{path}: not a metrics file ({e}); run its stage again") from None
+        return out
+
+    pretrain = {run: m["mlflow_run_id"] for run, m in read("pretrain").items() if m.get("mlflow_run_id")}
+    finetune = {run: m["mlflow"] for run, m in read("finetune").items() if isinstance(m.get("mlflow"), dict)}
+    return WorkspaceState(pretrain, finetune)
 
 
 def _latest_finished(runs: pd.DataFrame, key: list[str]) -> pd.DataFrame:
@@ -94,7 +129,8 @@ def _tag(runs: pd.DataFrame, name: str, default: str) -> pd.Series:
 
 def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
     """Fine-tuning parents (one per run, task, checkpoint, label fraction) -> one line per metric."""
-    columns = ["run", "task", "checkpoint", "label_fraction", "metric", *STATS, "seeds", "run_id"]
+    columns = ["run", "task", "checkpoint", "label_fraction", "metric", *STATS, "seeds", "train_examples", "run_id",
+               "failed"]
     if parents.empty:
         return pd.DataFrame(columns=columns)
     parents = parents.assign(run=_tag(parents, "run", ""), task=_tag(parents, "task", ""),
@@ -104,39 +140,75 @@ def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
     metrics = sorted(c.removeprefix("metrics.median_") for c in parents if c.startswith("metrics.median_"))
     by_seed = [(c, *re.fullmatch(r"metrics\.seed(\d+)_(.+)", c).groups()) for c in parents
                if re.fullmatch(r"metrics\.seed(\d+)_(.+)", c)]
+    failed = _tag(parents, "failed_metrics", "")
     lines = []
-    for _, p in parents.iterrows():
+    for i, p in parents.iterrows():
+        where = {"run": p["run"], "task": p["task"], "checkpoint": p["checkpoint"], "label_fraction": p["label_fraction"]}
         for m in metrics:
             if pd.isna(p[f"metrics.median_{m}"]):
                 continue
             stats = {s: p.get(f"metrics.{s}_{m}", np.nan) for s in STATS}
             seeds = {int(seed): float(p[c]) for c, seed, metric in by_seed if metric == m and not pd.isna(p[c])}
-            lines.append({"run": p["run"], "task": p["task"], "checkpoint": p["checkpoint"],
-                          "label_fraction": p["label_fraction"], "metric": m, **stats, "seeds": seeds,
-                          "run_id": p["run_id"]})
-    return pd.DataFrame(lines, columns=columns).astype({s: float for s in STATS})
+            lines.append({**where, "metric": m, **stats, "seeds": seeds,
+                          "train_examples": p.get("metrics.num_train_examples", np.nan), "run_id": p["run_id"],
+                          "failed": False})
+        for m in filter(None, failed[i].split(",")):   # diverged: no number, and the cell says so
+            lines.append({**where, "metric": m, **{s: np.nan for s in STATS}, "seeds": {}, "train_examples": np.nan,
+                          "run_id": p["run_id"], "failed": True})
+    return pd.DataFrame(lines, columns=columns).astype({s: float for s in STATS} | {"failed": bool})
+
+
+def _missing(parents: pd.DataFrame) -> pd.DataFrame:
+    """The groups whose latest fine-tuning recorded them as missing (its `missing` tag says why)."""
+    if parents.empty or "tags.missing" not in parents:
+        return pd.DataFrame(columns=["run", "task", "reason"])
+    parents = _latest_finished(parents.assign(run=_tag(parents, "run", ""), task=_tag(parents, "task", ""),
+                                              checkpoint=_tag(parents, "checkpoint", FINAL),
+                                              label_fraction=_tag(parents, "label_fraction", "1.0")),
+                               ["run", "task", "checkpoint", "label_fraction"])
+    found = parents[parents["tags.missing"].fillna("") != ""]
+    return pd.DataFrame({"run": found["run"], "task": found["task"], "reason": found["tags.missing"]}).reset_index(drop=True)
 
 
 def _pretrain_runs(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
-        return pd.DataFrame(columns=["run", "method", "run_id", "steps"])
+        return pd.DataFrame(columns=["run", "method", "run_id", "steps", "dvc_exp"])
     runs = _latest_finished(runs.assign(run=_tag(runs, "run", "")), ["run"])
     out = pd.DataFrame({"run": runs["run"], "method": _tag(runs, "method", ""), "run_id": runs["run_id"],
-                        "steps": pd.to_numeric(runs.get("params.pretrain.steps"), errors="coerce")})
+                        "steps": pd.to_numeric(runs.get("params.pretrain.steps"), errors="coerce"),
+                        "dvc_exp": _tag(runs, "dvc_exp", "")})
     for column in runs:
         if column.startswith("metrics.final_"):
             out[column.removeprefix("metrics.")] = runs[column]
     return out.reset_index(drop=True)
 
 
-def fetch_results(preset: str, tracking_uri: str | None = None) -> Results:
-    """Every finished pretraining run and fine-tuning parent of the preset's experiment."""
+def _failed_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs whose latest pretraining attempt ended FAILED (the collapse guard, a diverged loss)."""
+    if runs.empty:
+        return pd.DataFrame(columns=["run", "error"])
+    runs = runs.assign(run=_tag(runs, "run", ""), error=_tag(runs, "error", "failed"))
+    latest = runs[runs["status"] != "RUNNING"].sort_values("start_time").drop_duplicates(["run"], keep="last")
+    return latest.loc[latest["status"] == "FAILED", ["run", "error"]].reset_index(drop=True)
+
+
+def fetch_results(preset: str, tracking_uri: str | None = None, state: WorkspaceState | None = None) -> Results:
+    """The finished pretraining runs and fine-tuning parents of the preset's experiment: those `state` names
+    (a workspace's outputs), or the latest of each when it is None; and the runs whose pretraining failed."""
     uri = tracking_uri or tracking.tracking_uri()
     experiment = experiment_id(preset, uri)
     mlflow = _mlflow(uri)
-    cells = _finetune_cells(_search(mlflow, experiment, "finetune"))
-    pretrain = _pretrain_runs(_search(mlflow, experiment, "pretrain"))
-    return Results(preset, uri, experiment, cells, pretrain)
+    parents, pretrain = _search(mlflow, experiment, "finetune"), _search(mlflow, experiment, "pretrain")
+    failed = _failed_runs(pretrain)
+    stale = []
+    if state is not None:
+        pretrain = pretrain[pretrain["run_id"].isin(set(state.pretrain.values()))] if not pretrain.empty else pretrain
+        stale = sorted(run for run, f in state.finetune.items() if f.get("pretrain_run_id") != state.pretrain.get(run))
+        keep = {pid for run, f in state.finetune.items() if run not in stale for pid in f.get("parents", {}).values()}
+        parents = parents[parents["run_id"].isin(keep)] if not parents.empty else parents
+        failed = failed[~failed["run"].isin(set(state.pretrain))].reset_index(drop=True)   # a newer output stands
+    return Results(preset, uri, experiment, _finetune_cells(parents), _pretrain_runs(pretrain), _missing(parents),
+                   stale, failed)
 
 
 def metric_history(results: Results, runs: list[str], metrics: list[str]) -> pd.DataFrame:
@@ -176,12 +248,13 @@ class BuiltTable:
 
 
 TABLE_COLUMNS = ["preset", "setting", "group", "row", "run", "column", "ours", "std", "min", "max",
-                 "published", "published_std", "diff"]
+                 "published", "published_std", "failed", "diff"]
 
 
 def cell_lookup(cells: pd.DataFrame) -> dict[tuple[str, str, str], dict[str, float]]:
     """(run, task, metric) -> {median, std, min, max} from final_cells()."""
-    return {(r.run, r.task, r.metric): {s: getattr(r, s) for s in STATS} for r in cells.itertuples()}
+    return {(r.run, r.task, r.metric): {**{s: getattr(r, s) for s in STATS}, "failed": r.failed}
+            for r in cells.itertuples()}
 
 
 def glue_average(lookup: dict, run: str) -> float:
@@ -191,7 +264,7 @@ def glue_average(lookup: dict, run: str) -> float:
 
 
 def cell_value(lookup: dict, run: str | None, column: Column) -> dict[str, float]:
-    """Our median, std, min, max of one (run, column); NaN where absent."""
+    """Our median, std, min, max of one (run, column) and whether it failed; NaN where absent."""
     missing = {s: np.nan for s in STATS}
     if run is None:
         return missing
@@ -221,7 +294,7 @@ def build_table(spec: TableSpec, results: Results) -> BuiltTable:
             lines.append({"preset": results.preset, "setting": setting, "group": group, "row": row.name,
                           "run": row.run or "", "column": column.name, "ours": ours["median"], "std": ours["std"],
                           "min": ours["min"], "max": ours["max"], "published": published,
-                          "published_std": published_std})
+                          "published_std": published_std, "failed": bool(ours.get("failed", False))})
     frame = pd.DataFrame(lines, columns=TABLE_COLUMNS[:-1])
     if spec.differences_from:
         frame = _as_differences(frame, spec.differences_from)
@@ -261,6 +334,6 @@ def check_specs(registry_runs) -> None:
                                   f"(known: {', '.join(sorted(registry))})")
 
 
-__all__ = ["BuiltTable", "FINAL", "Results", "TABLE_COLUMNS", "build_table", "build_tables", "cell_lookup", "cell_value",
+__all__ = ["BuiltTable", "FINAL", "Results", "WorkspaceState", "workspace_state", "TABLE_COLUMNS", "build_table", "build_tables", "cell_lookup", "cell_value",
            "final_cells",
            "check_preset", "check_specs", "experiment_id", "fetch_results", "glue_average", "metric_history"]

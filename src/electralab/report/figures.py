@@ -92,7 +92,8 @@ def history_frame(history: pd.DataFrame, series: Iterable[Series]) -> pd.DataFra
 
 
 SCL_SERIES = {
-    "(a) with SCL (cocolm)": [("cocolm", "scl_pos_cos", "positive pairs"), ("cocolm", "scl_neg_cos", "negative pairs")],
+    "(a) with SCL (cocolm_ablation)": [("cocolm_ablation", "scl_pos_cos", "positive pairs"),
+                                       ("cocolm_ablation", "scl_neg_cos", "negative pairs")],
     "(b) without SCL (cocolm_clm_only)": [("cocolm_clm_only", "scl_pos_cos", "positive pairs"),
                                           ("cocolm_clm_only", "scl_neg_cos", "negative pairs")],
 }
@@ -106,7 +107,7 @@ def scl_cosine_figure(history: pd.DataFrame, preset: str) -> Figure:
 
 COPY_CLM_PANELS = [("(a) Copy Acc. (Replaced)", "copy_acc_replaced"), ("(b) Copy Acc. (Original)", "copy_acc_original"),
                    ("(c) CLM Acc. (Replaced)", "clm_acc_replaced"), ("(d) CLM Acc. (Original)", "clm_acc_original")]
-COPY_CLM_RUNS = [("cocolm", "CLM"), ("cocolm_all_token_lm", "All-Token MLM")]
+COPY_CLM_RUNS = [("cocolm_ablation", "CLM"), ("cocolm_all_token_lm", "All-Token MLM")]
 
 
 def copy_clm_figure(history: pd.DataFrame, preset: str) -> Figure:
@@ -115,16 +116,16 @@ def copy_clm_figure(history: pd.DataFrame, preset: str) -> Figure:
     return history_figure(history, panels, f"COCO-LM Fig. 8: copy and LM accuracy ({preset} preset)")
 
 
-MIX_SERIES = [("amos", f"mix_weight_exit{d}", f"layer {d}") for d in (4, 6, 8)]
+MIX_SERIES = [("amos_ablation", f"mix_weight_exit{d}", f"layer {d}") for d in (4, 6, 8)]
 
 
 def mix_weights_figure(history: pd.DataFrame, preset: str) -> Figure:
     """AMOS Fig. 3a: the mixture weight of each generator exit over pretraining."""
-    return history_figure(history, [("(a) mixture weights (amos)", "mixture weight", MIX_SERIES)],
+    return history_figure(history, [("(a) mixture weights (amos_ablation)", "mixture weight", MIX_SERIES)],
                           f"AMOS Fig. 3a: mixture weights per exit ({preset} preset)")
 
 
-CURRICULUM_SERIES = [("amos", "rtd_acc_replaced", "AMOS"), ("amos_gen4", "rtd_acc_replaced", "4-layer gen."),
+CURRICULUM_SERIES = [("amos_ablation", "rtd_acc_replaced", "AMOS"), ("amos_gen4", "rtd_acc_replaced", "4-layer gen."),
                      ("amos_gen8", "rtd_acc_replaced", "8-layer gen."),
                      ("amos_random_layer", "rtd_acc_replaced", "Random Layer"),
                      ("amos_layer_switch", "rtd_acc_replaced", "Layer Switch")]
@@ -240,11 +241,12 @@ def sweep_frame(points: pd.DataFrame) -> pd.DataFrame:
     return wide.reindex(columns=order).reset_index()
 
 
-CROP_RUNS = {"cocolm_crop70": 70, "cocolm_crop80": 80, "cocolm": 90, "cocolm_crop100": 100}
-GENERATOR_DEPTH_RUNS = {"teams_gen2": 2, "teams_gen4": 4, "teams": 6, "teams_gen8": 8, "teams_gen10": 10,
+CROP_RUNS = {"cocolm_crop70": 70, "cocolm_crop80": 80, "cocolm_ablation": 90, "cocolm_crop100": 100}
+GENERATOR_DEPTH_RUNS = {"teams_gen2": 2, "teams_gen4": 4, "teams_ablation": 6, "teams_gen8": 8, "teams_gen10": 10,
                         "teams_gen12": 12}
+NEGATIVES_REFERENCE = "electra_ablation"   # TEAMS Fig. 5's ELECTRA line
 NEGATIVES_RUNS = {
-    "Sampled": {"teams_sampled_k1": 1, "teams_sampled_k3": 3, "teams": 5, "teams_sampled_k10": 10,
+    "Sampled": {"teams_sampled_k1": 1, "teams_sampled_k3": 3, "teams_ablation": 5, "teams_sampled_k10": 10,
                 "teams_sampled_k50": 50},
     "Hardest": {"teams_hardest_k1": 1, "teams_hardest_k3": 3, "teams_hardest_k5": 5, "teams_hardest_k10": 10,
                 "teams_hardest_k50": 50},
@@ -252,21 +254,26 @@ NEGATIVES_RUNS = {
 SWEEP_COLUMNS = (GLUE_COLUMN, SQUAD2[1])
 
 
-def crop_figure(points: pd.DataFrame, preset: str) -> Figure:
+CROP_COLUMNS = (MNLI_M, MNLI_MM, GLUE_COLUMN)
+
+
+# `columns`: the panels; the report leaves out GLUE AVG where its data can never be there (QQP offline).
+def crop_figure(points: pd.DataFrame, preset: str, columns: Sequence[Column] = CROP_COLUMNS) -> Figure:
     """COCO-LM Fig. 4: GLUE dev results against the crop fraction (100% = no cropping)."""
-    return sweep_figure(points, [MNLI_M.name, MNLI_MM.name, GLUE_COLUMN.name], "fraction of X^orig kept (%)",
+    return sweep_figure(points, [c.name for c in columns], "fraction of X^orig kept (%)",
                         f"COCO-LM Fig. 4: crop fraction ({preset} preset)")
 
 
-def generator_depth_figure(points: pd.DataFrame, preset: str) -> Figure:
+def generator_depth_figure(points: pd.DataFrame, preset: str, columns: Sequence[Column] = SWEEP_COLUMNS) -> Figure:
     """TEAMS Fig. 4: results against the number of generator layers (bottom half tied)."""
-    return sweep_figure(points, [c.name for c in SWEEP_COLUMNS], "generator layers",
+    return sweep_figure(points, [c.name for c in columns], "generator layers",
                         f"TEAMS Fig. 4: generator depth ({preset} preset)")
 
 
-def negatives_figure(points: pd.DataFrame, electra: dict[str, float], preset: str) -> Figure:
+def negatives_figure(points: pd.DataFrame, electra: dict[str, float], preset: str,
+                     columns: Sequence[Column] = SWEEP_COLUMNS) -> Figure:
     """TEAMS Fig. 5: "Sampled" vs "Hardest" negatives against K, ELECTRA as the reference line."""
-    return sweep_figure(points, [c.name for c in SWEEP_COLUMNS], "K (negatives per masked position)",
+    return sweep_figure(points, [c.name for c in columns], "K (negatives per masked position)",
                         f"TEAMS Fig. 5: sampled vs hardest negatives ({preset} preset)", logx=True,
                         reference=electra, reference_label="ELECTRA")
 
@@ -375,7 +382,7 @@ def cosine_figure(cosines: pd.DataFrame, preset: str, runs: dict[str, str] = COS
     return _finish(fig)
 
 
-__all__ = ["COSINE_RUNS", "CROP_RUNS", "GENERATOR_DEPTH_RUNS", "NEGATIVES_RUNS", "NO_DATA", "cls_embeddings",
+__all__ = ["COSINE_RUNS", "CROP_RUNS", "GENERATOR_DEPTH_RUNS", "NEGATIVES_REFERENCE", "NEGATIVES_RUNS", "NO_DATA", "cls_embeddings",
            "copy_clm_figure", "corpus_pairs", "cosine_figure", "crop_figure", "curriculum_figure",
            "efficiency_figure", "efficiency_points", "encode_texts", "generator_depth_figure", "history_figure",
            "history_frame", "mix_weights_figure", "negatives_figure", "pair_cosines", "read_stsb_similar", "save",

@@ -3,6 +3,11 @@
 A cell reads `ours ±std / published (ours − published)`: our median over the fine-tuning seeds and its
 standard deviation, the paper's number, and the difference. "—" marks a value that does not exist
 (a run not trained yet, a task not fine-tuned, a number the paper does not print) — never a zero.
+
+The page is compact by default: `ours / published` per cell, an empty cell numbered to a footnote that says
+why (the frame's `why` column, report/why.py), and the detailed table (spread, range, difference) one click
+away. A cell is coloured by its claim verdict when the frame carries one (a `verdict` column, e.g. "holds",
+"reversed", "within noise"; a `row_verdict` column colours the row's name); the CSV keeps every number.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +23,14 @@ import pandas as pd
 from electralab.report.build import BuiltTable
 
 LEGEND = ("Cell: our median ±std over the fine-tuning seeds / the published value (ours − published); "
-          "— = not available. Reference rows (run \"reference\") are published baselines we do not train.")
+          "— = not available; failed = fine-tuned, but the model diverged (no number). Reference rows (run \"reference\") are published baselines we do not train.")
+COMPACT_LEGEND = ("Cell: our median over the fine-tuning seeds / the published value; — = not available, its "
+                  "footnote under the table says why; failed = fine-tuned, but the model diverged (no number); reference rows (run \"reference\") show the published "
+                  "baselines we do not train. Each table's details give the spread, range and difference; every "
+                  "number is in tables/*.csv.")
+VERDICT_LEGEND = ("A row's name is coloured by the verdict of the table's claim about it (the table's method against "
+                  "that row; the method's own row: against the no-pretraining control): green holds, red reversed, "
+                  "grey within noise; its claims are under the table.")
 
 
 def number(x: float, decimals: int, sign: bool = False) -> str:
@@ -31,7 +44,8 @@ def _is_difference(table: BuiltTable, row: str) -> bool:
 
 
 def cell_text(line: pd.Series, decimals: int, difference: bool = False) -> str:
-    ours = number(line["ours"], decimals, sign=difference)
+    # failed: every configuration's median was not a number (the model diverged), which is not "not run"
+    ours = "failed" if line.get("failed", False) else number(line["ours"], decimals, sign=difference)
     if not math.isnan(line["std"]):
         ours += f" ±{number(line['std'], decimals)}"
     published = number(line["published"], decimals, sign=difference)
@@ -72,13 +86,21 @@ def to_csv(table: BuiltTable, path: str | Path) -> None:
 # --- HTML --------------------------------------------------------------------------------------------
 
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1500px; }
-table { border-collapse: collapse; margin: 0.5em 0 2em; font-size: 12px; }
+body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; max-width: 1500px; }
+table { border-collapse: collapse; margin: 0.5em 0 0.5em; font-size: 12px; }
 th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; vertical-align: top; }
 th { background: #f2f2f2; } td.name { text-align: left; white-space: nowrap; }
+td.group { white-space: normal; min-width: 7em; max-width: 14em; }
+td.num { white-space: nowrap; }
 tr.reference td { color: #777; background: #fafafa; }
 .ours { font-weight: 600; } .spread, .pub { color: #666; font-size: 11px; }
 .pos { color: #1a7f37; } .neg { color: #c62828; } .note { color: #555; font-size: 13px; }
+sup.why { color: #8a6d00; font-weight: 600; }
+ol.why { color: #555; font-size: 12px; margin: 0.2em 0 0.5em; padding-left: 2em; }
+details { margin: 0 0 2em; } summary { cursor: pointer; color: #1a5fb4; font-size: 13px; }
+nav { font-size: 13px; line-height: 1.6; }
+.verdict-holds { background: #e6f4ea; } .verdict-reversed { background: #fde7e9; }
+.verdict-within-noise { background: #f1f1f1; }
 img { max-width: 100%; border: 1px solid #eee; margin-bottom: 1.5em; }
 """
 
@@ -96,7 +118,46 @@ def _html_cell(line: pd.Series, decimals: int, difference: bool) -> str:
     return f"<td>{ours}{pub}</span></td>"
 
 
+def _field(line: pd.Series, name: str) -> str:
+    """An optional text column of the frame (`why`, `verdict`, `row_verdict`): "" when absent or empty."""
+    value = line.get(name, "")
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def verdict_class(verdict: str) -> str:
+    """"within noise" -> "verdict-within-noise" (a CSS class; "" for no verdict)."""
+    return f"verdict-{re.sub(r'[^a-z0-9]+', '-', verdict.lower()).strip('-')}" if verdict else ""
+
+
+def _compact_cell(line: pd.Series, decimals: int, difference: bool, footnotes: dict[str, int] | None) -> str:
+    """`ours / published`, the empty side footnoted with why, coloured by the verdict if there is one."""
+    e = html.escape
+    ours = number(line["ours"], decimals, sign=difference)
+    why = _field(line, "why")
+    text = f'<span class="ours">{e(ours)}</span>'
+    if footnotes is None:   # a reference row: the paper's number only
+        return f'<td class="num">{e(number(line["published"], decimals, sign=difference))}</td>'
+    if ours == "—" and why:
+        number_ = footnotes.setdefault(why, len(footnotes) + 1)
+        text += f'<sup class="why" title="{e(why)}">{number_}</sup>'
+    text += f' <span class="pub">/ {e(number(line["published"], decimals, sign=difference))}</span>'
+    css = " ".join(c for c in ("num", verdict_class(_field(line, "verdict"))) if c)
+    return f'<td class="{css}">{text}</td>'
+
+
+def _detailed_table(table: BuiltTable, head: list[str], has_groups: bool) -> list[str]:
+    e = html.escape
+    out = ["<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"]
+    for group, row, run, lines in _rows(table):
+        css = ' class="reference"' if run == "reference" else ""
+        names = ([group] if has_groups else []) + [row, run]
+        cells = "".join(_html_cell(line, table.decimals, _is_difference(table, row)) for _, line in lines.iterrows())
+        out.append(f"<tr{css}>" + "".join(f'<td class="name">{e(n)}</td>' for n in names) + cells + "</tr>")
+    return out + ["</table>"]
+
+
 def table_html(table: BuiltTable, note: str = "") -> str:
+    """The compact table, the footnotes of its empty cells, and the detailed table behind a <details>."""
     e = html.escape
     columns = list(dict.fromkeys(table.frame["column"]))
     has_groups = (table.frame["group"] != "").any()
@@ -106,22 +167,40 @@ def table_html(table: BuiltTable, note: str = "") -> str:
         out.append(f'<p class="note">Data: {e(note)}</p>')
     head = (["Group"] if has_groups else []) + ["Row", "Run"] + columns
     out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
+    footnotes: dict[str, int] = {}
     for group, row, run, lines in _rows(table):
         css = ' class="reference"' if run == "reference" else ""
-        names = ([group] if has_groups else []) + [row, run]
-        cells = "".join(_html_cell(line, table.decimals, _is_difference(table, row)) for _, line in lines.iterrows())
-        out.append(f"<tr{css}>" + "".join(f'<td class="name">{e(n)}</td>' for n in names) + cells + "</tr>")
+        row_css = verdict_class(_field(lines.iloc[0], "row_verdict"))
+        names = ([f'<td class="name group">{e(group)}</td>'] if has_groups else []) + [
+            f'<td class="name {row_css}">{e(n)}</td>' for n in (row, run)]
+        notes = None if run == "reference" else footnotes
+        cells = "".join(_compact_cell(line, table.decimals, _is_difference(table, row), notes)
+                        for _, line in lines.iterrows())
+        out.append(f"<tr{css}>" + "".join(names) + cells + "</tr>")
     out.append("</table>")
+    if footnotes:
+        out.append('<ol class="why">' + "".join(f"<li>{e(why)}</li>" for why in footnotes) + "</ol>")
+    out.append(f"<details><summary>Spread, range and difference (every number: "
+               f"tables/{e(table.spec.key.replace('/', '_'))}.csv)</summary>")
+    out += _detailed_table(table, head, has_groups)
+    out.append("</details>")
     return "\n".join(out)
 
 
-def page_html(title: str, intro: list[str], tables: list[str], figures: dict[str, Path]) -> str:
-    """One self-contained page: tables, then every figure inlined as a base64 PNG."""
+def page_html(title: str, intro: list[str], tables: list[str], figures: dict[str, Path],
+              notes: list[str] = ()) -> str:
+    """One self-contained page: links to every table and figure, the tables, then every figure inlined as a
+    base64 PNG (`notes`: what the figures leave out and why)."""
     e = html.escape
-    parts = ["<!doctype html>", '<html><head><meta charset="utf-8">', f"<title>{e(title)}</title>",
+    parts = ["<!doctype html>", '<html><head><meta charset="utf-8">',
+             '<meta name="viewport" content="width=device-width, initial-scale=1">', f"<title>{e(title)}</title>",
              f"<style>{STYLE}</style></head><body>", f"<h1>{e(title)}</h1>"]
     parts += [f'<p class="note">{e(p)}</p>' for p in intro]
-    parts += [f'<p class="note">{e(LEGEND)}</p>', "<h2>Tables</h2>", *tables, "<h2>Figures</h2>"]
+    keys = re.findall(r'<h3 id="([^"]+)">', "".join(tables))
+    links = " · ".join(f'<a href="#{k}">{e(k)}</a>' for k in keys + [k.replace("/", "-") for k in figures])
+    legend = COMPACT_LEGEND + (" " + VERDICT_LEGEND if re.search(r'<td class="[^"]*verdict-', "".join(tables)) else "")
+    parts += [f"<nav>{links}</nav>", f'<p class="note">{e(legend)}</p>', "<h2>Tables</h2>", *tables,
+              "<h2>Figures</h2>", *(f'<p class="note">{e(n)}</p>' for n in notes)]
     for key, path in figures.items():
         data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
         parts.append(f'<h3 id="{e(key.replace("/", "-"))}">{e(key)}</h3><img alt="{e(key)}" '
@@ -174,5 +253,14 @@ def claims_html(claims: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
-__all__ = ["CLAIMS_LEGEND", "LEGEND", "cell_text", "claims_html", "claims_markdown", "number", "page_html",
-           "table_html", "to_csv", "to_markdown"]
+def claims_details(claims: pd.DataFrame) -> str:
+    """The claims table behind a <details> whose summary counts the verdicts (the page stays compact)."""
+    if claims.empty:
+        return ""
+    counts = claims["verdict"].value_counts()
+    said = ", ".join(f"{counts[v]} {v}" for v in ("holds", "reversed", "within noise") if v in counts)
+    return f"<details><summary>Claims checked: {html.escape(said or 'none decided')}</summary>\n{claims_html(claims)}\n</details>"
+
+
+__all__ = ["CLAIMS_LEGEND", "COMPACT_LEGEND", "claims_details", "LEGEND", "cell_text", "claims_html", "claims_markdown", "number",
+           "page_html", "table_html", "to_csv", "to_markdown", "verdict_class"]

@@ -140,12 +140,12 @@ COCO_LM_TABLE1 = TableSpec(
 
 COCO_LM_TABLE3 = TableSpec(
     key="coco-lm/table3",
-    subject="cocolm",
+    subject="cocolm_ablation",
     caption="Ablations on GLUE Dev. that eliminate (w/o.), keep (Only) or switch (w.) one component",
     columns=(*GLUE_TASKS, AVG),
     setting_for=_all("base"),
     rows={"base": (
-        Row("COCO-LM Base", "cocolm"),
+        Row("COCO-LM Base", "cocolm_ablation"),
         Row("RTD Only", "cocolm_rtd_only"),
         Row("CLM Only", "cocolm_clm_only"),
         Row("SCL + RTD", "cocolm_scl_rtd"),
@@ -181,7 +181,7 @@ AMOS_TABLE1 = TableSpec(
 )
 
 _AMOS_ABLATIONS = (
-    ("AMOS Base", "amos"),
+    ("AMOS Base", "amos_ablation"),
     ("w. random layer", "amos_random_layer"),
     ("w. layer switch", "amos_layer_switch"),
     ("- adv. train", "amos_no_adv"),
@@ -199,7 +199,7 @@ _TABLE8_ONLY = {"w. final mix weights", "w. three 4-layer gen."}
 
 AMOS_TABLE2 = TableSpec(
     key="amos/table2",
-    subject="amos",
+    subject="amos_ablation",
     caption="Ablations on MNLI/SQuAD 2.0 dev sets; differences (in absolute points) from AMOS Base",
     columns=(MNLI_M, MNLI_MM, *SQUAD2),
     setting_for=_all("base"),
@@ -209,7 +209,7 @@ AMOS_TABLE2 = TableSpec(
 
 AMOS_TABLE8 = TableSpec(
     key="amos/table8",
-    subject="amos",
+    subject="amos_ablation",
     caption="Ablations on the development sets of all GLUE tasks and SQuAD 2.0 (median and std of five seeds)",
     columns=(*GLUE_TASKS, *SQUAD2),
     setting_for=_all("base"),
@@ -218,11 +218,11 @@ AMOS_TABLE8 = TableSpec(
 
 AMOS_TABLE9 = TableSpec(
     key="amos/table9",
-    subject="amos",
+    subject="amos_ablation",
     caption="Different numbers of MLM heads in the generator (median and std of five seeds)",
     columns=(*GLUE_TASKS, *SQUAD2),
     setting_for=_all("base"),
-    rows={"base": (Row("On (4,6,8) (AMOS)", "amos"), Row("On (4,8)", "amos_exits_4_8"),
+    rows={"base": (Row("On (4,6,8) (AMOS)", "amos_ablation"), Row("On (4,8)", "amos_exits_4_8"),
                    Row("On (2,4,6,8)", "amos_exits_2_4_6_8"), Row("On all 8", "amos_exits_all8"))},
 )
 
@@ -249,35 +249,35 @@ TEAMS_TABLE1 = TableSpec(
 
 TEAMS_TABLE2 = TableSpec(
     key="teams/table2",
-    subject="teams",
-    claims=(("electra", "mlm"),),
+    subject="teams_ablation",
+    claims=(("electra_ablation", "mlm_ablation"),),
     caption="Effectiveness of multi-task pre-training (small++ models in the paper)",
     columns=TEAMS_COLUMNS,
     setting_for=_all("small++"),
-    rows={"small++": (Row("Only MLM (i.e., BERT)", "mlm"), Row("Only RTD (i.e., ELECTRA)", "electra"),
-                      Row("Only MWS", "teams_only_mws"), Row("RTD + MWS (i.e., TEAMS)", "teams"))},
+    rows={"small++": (Row("Only MLM (i.e., BERT)", "mlm_ablation"), Row("Only RTD (i.e., ELECTRA)", "electra_ablation"),
+                      Row("Only MWS", "teams_only_mws"), Row("RTD + MWS (i.e., TEAMS)", "teams_ablation"))},
 )
 
 TEAMS_TABLE3 = TableSpec(
     key="teams/table3",
-    subject="teams",
+    subject="teams_ablation",
     caption="Task-specific layers and exported representations (small++ models in the paper)",
     columns=TEAMS_COLUMNS,
     setting_for=_all("small++"),
-    rows={"small++": (Row("ELECTRA-Small++", "electra"), Row("TEAMS-Small++", "teams"),
+    rows={"small++": (Row("ELECTRA-Small++", "electra_ablation"), Row("TEAMS-Small++", "teams_ablation"),
                       Row("Use FFN task heads", "teams_ffn_heads"), Row("Add task head on 12th layer", "teams_heads_on_top"),
                       Row("Use RTD task head outputs", "teams_rtd_outputs"))},
 )
 
 TEAMS_TABLE4 = TableSpec(
     key="teams/table4",
-    subject="teams",
+    subject="teams_ablation",
     caption="Sharing generator and discriminator bottom layers (small++ and base++ models in the paper)",
     columns=TEAMS_COLUMNS,
     setting_for={"tiny": "small++", "small": "small++", "base": "base++", "base_pp": "base++", "large_pp": "base++"},
-    rows={"small++": (Row("ELECTRA-Small++", "electra"), Row("TEAMS-Small++", "teams"),
+    rows={"small++": (Row("ELECTRA-Small++", "electra_ablation"), Row("TEAMS-Small++", "teams_ablation"),
                       Row("Full Tie", "teams_full_tie"), Row("No Tie", "teams_no_tie")),
-          "base++": (Row("ELECTRA-Base++", "electra"), Row("TEAMS-Base++", "teams"),
+          "base++": (Row("ELECTRA-Base++", "electra_ablation"), Row("TEAMS-Base++", "teams_ablation"),
                      ours("teams_full_tie", "Full Tie"), Row("No Tie", "teams_no_tie"))},
 )
 

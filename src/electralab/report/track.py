@@ -38,7 +38,14 @@ def log_report(results: Results, reports_dir: str | Path, tables: dict[str, Buil
 
     client = MlflowClient(results.tracking_uri)
     methods = dict(zip(results.pretrain["run"], results.pretrain["method"]))
-    tags = tracking.run_tags(run="report", method="", tables=[], preset=results.preset, seed=0, stage="report")
+    where = str(Path(reports_dir).resolve())
+    # A build killed before it ended left its run RUNNING: close it (one directory is built by one stage at a time).
+    for orphan in client.search_runs([results.experiment_id], "tags.stage = 'report' and attributes.status = 'RUNNING'"):
+        if orphan.data.tags.get("reports_dir") == where:
+            client.set_tag(orphan.info.run_id, "error", "killed before it ended; built again")
+            client.set_terminated(orphan.info.run_id, "KILLED")
+    tags = tracking.run_tags(run="report", method="", tables=[], preset=results.preset, seed=0, stage="report",
+                             reports_dir=where)
     parent = client.create_run(results.experiment_id, run_name=f"report-{results.preset}", tags=tags)
     parent_id = parent.info.run_id
     try:

@@ -1,28 +1,41 @@
-"""Atomic training checkpoints in a scratch directory outside DVC's outputs.
+"""Atomic, checksummed training checkpoints in a scratch directory outside DVC's outputs.
 
 checkpoints/<run>/state.pt holds everything a resumed run needs (model, optimizer, schedule, loader
-position, step, elapsed time, MLflow run id); checkpoints/<run>/fractions/<pct>/ keeps the main
-encoder at fixed fractions of training with the wall-clock and device hours it took (the efficiency
-curves of COCO-LM Fig. 3 and AMOS Fig. 4). Random state needs no saving: every step reseeds from
-(seed, step, rank), so a resumed run draws exactly the numbers an uninterrupted one would.
+position, step, elapsed time, MLflow run id); state.prev.pt is the one before it, and checksums.json the
+sha256 of both. checkpoints/<run>/fractions/<pct>/ keeps the main encoder at fixed fractions of training
+with the wall-clock and device hours it took (the efficiency curves of COCO-LM Fig. 3 and AMOS Fig. 4).
+Random state needs no saving: every step reseeds from (seed, step, rank), so a resumed run draws exactly
+the numbers an uninterrupted one would.
+
+A checkpoint is written to a temporary file, synced to the disk, its checksum recorded, and only then
+renamed over the previous one (which becomes state.prev.pt). One that does not match its checksum or
+does not load (a write cut short by a crash of the machine, a damaged disk) is set aside beside the
+scratch directory as <run>.<name>.corrupt-<time>, named on stderr, and the run resumes from the other.
 
 A checkpoint carries the fingerprint of the run's configuration and data; one that does not match
 (changed params, new shards) is ignored, so a stale checkpoint never leaks into a new run.
+
+mlflow.json names the MLflow run this scratch belongs to from the run's first step on, so that a run
+killed before its first checkpoint is closed (KILLED) by the next attempt instead of staying RUNNING.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from electralab.io import atomic_file, read_json, write_json
+from electralab.io import fsync, read_json, sha256_file, write_json
 
-STATE = "state.pt"
+STATE, PREVIOUS, CHECKSUMS, MLFLOW = "state.pt", "state.prev.pt", "checksums.json", "mlflow.json"
 
 
 def fingerprint(*parts: Any) -> str:
@@ -38,29 +51,94 @@ class Checkpointer:
     def state_path(self) -> Path:
         return self.directory / STATE
 
+    def _trusted(self) -> set[str] | None:
+        """The recorded checksums, or None for a scratch written before they existed (then a state that
+        loads is trusted, as it was then)."""
+        try:
+            return set(read_json(self.directory / CHECKSUMS)["sha256"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def load(self) -> dict | None:
-        """The saved state if it belongs to this run's configuration, else None."""
-        if not self.state_path.exists():
-            return None
-        state = torch.load(self.state_path, map_location="cpu", weights_only=False)
-        if state.get("fingerprint") != self.fingerprint:
-            return None
-        return state
+        """The newest intact saved state if it belongs to this run's configuration, else None."""
+        trusted = self._trusted()
+        for path in (self.directory / STATE, self.directory / PREVIOUS):
+            try:
+                if trusted is not None and sha256_file(path) not in trusted:
+                    self._set_aside(path, "its sha256 is not the one recorded when it was written")
+                    continue
+                state = torch.load(path, map_location="cpu", weights_only=False)
+            except FileNotFoundError:
+                continue
+            except Exception as e:   # unreadable: truncated, not a torch file
+                self._set_aside(path, f"it does not load ({type(e).__name__}: {str(e)[:200]})")
+                continue
+            return state if state.get("fingerprint") == self.fingerprint else None
+        return None
+
+    def _set_aside(self, path: Path, why: str) -> None:
+        aside = self.directory.parent / f"{self.directory.name}.{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
+        try:
+            os.replace(path, aside)
+        except FileNotFoundError:   # another rank of the same run set it aside first
+            return
+        print(f"warning: checkpoint {path} is corrupt: {why}; set aside as {aside}, resuming from the one before "
+              f"it if there is one", file=sys.stderr)
 
     def save(self, state: dict) -> None:
+        """Write, sync and checksum the new state, then rotate: state.pt -> state.prev.pt, new -> state.pt.
+        A kill at any point leaves at least one intact, trusted checkpoint (the newest that was complete)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        with atomic_file(self.state_path) as tmp:
-            torch.save({**state, "fingerprint": self.fingerprint}, tmp)
+        for stale in self.directory.glob(f".tmp-{STATE}-*"):
+            stale.unlink(missing_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".tmp-{STATE}-", dir=self.directory)
+        os.close(fd)
+        with open(name, "wb") as f:
+            torch.save({**state, "fingerprint": self.fingerprint}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        new, latest = sha256_file(name), self.directory / STATE
+        old = sha256_file(latest) if latest.exists() else None
+        kept = [d for d in (old, *sorted(self._trusted() or ())) if d]
+        self._record([new, *kept])                  # trusted before it has a name a resume would read
+        if latest.exists():
+            os.replace(latest, self.directory / PREVIOUS)
+        os.replace(name, latest)
+        fsync(self.directory)
+        self._record([new, old] if old else [new])
+
+    def _record(self, digests: list[str]) -> None:
+        write_json(self.directory / CHECKSUMS, {"sha256": list(dict.fromkeys(digests))})
+        fsync(self.directory / CHECKSUMS)
 
     def fraction_dir(self, fraction: float) -> Path:
-        return self.directory / "fractions" / f"{round(fraction * 100):03d}"
+        return self.directory / "fractions" / fraction_name(fraction)
 
     def fractions(self) -> list[Path]:
         root = self.directory / "fractions"
         return sorted(p for p in root.iterdir() if (p / "meta.json").exists()) if root.exists() else []
 
+    def missing_fractions(self, fractions: tuple[float, ...]) -> list[str]:
+        present = {p.name for p in self.fractions()}
+        return [fraction_name(f) for f in fractions if fraction_name(f) not in present]
+
+    def recorded_mlflow_run(self) -> str | None:
+        """The MLflow run of the attempt that last trained here (read before `clear`)."""
+        try:
+            return read_json(self.directory / MLFLOW)["run_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def record_mlflow_run(self, run_id: str) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_json(self.directory / MLFLOW, {"run_id": run_id})
+
     def clear(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def fraction_name(fraction: float) -> str:
+    return f"{round(fraction * 100):03d}"
 
 
 def write_meta(directory: Path, meta: dict) -> None:

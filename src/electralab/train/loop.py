@@ -5,7 +5,7 @@
 Reads top-down: build the objective, optimizer and schedule; restore the last checkpoint; then per
 step accumulate gradients over micro-batches, clip, check the loss is finite, step, log, checkpoint,
 and every `guard.every` steps measure held-out diagnostics and stop a collapsed run (diagnostics.py).
-At the end the main encoder, its Hugging Face export, the auxiliary (where others need it), the
+At the end the main encoder, the auxiliary (where others need it), the
 fraction checkpoints and a summary are written to out_dir in one atomic rename.
 
 With `stop` (a function checked after every step; one process only) the loop stops after the step at
@@ -25,14 +25,15 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from electralab.batch import Batch
 from electralab.config import PretrainConfig
-from electralab.errors import ConfigError, RepresentationCollapsed, TrainingDiverged
+from electralab.errors import ConfigError, DataError, RepresentationCollapsed, TrainingDiverged
 from electralab.data.loader import PretrainLoader
-from electralab.export import huggingface_compatible, save_encoder, save_huggingface
-from electralab.io import atomic_dir, read_json, write_json
+from electralab.data.progress import progress_bar
+from electralab.data.shards import read_shards_manifest
+from electralab.export import save_encoder
+from electralab.io import atomic_dir, write_json
 from electralab.model.encoder import count_parameters, set_dropout
 from electralab.objectives import Objective, build_objective
 from electralab.runs import ResolvedRun
@@ -64,7 +65,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
     device = choose_device(cfg, dist)
     precision = resolve_precision(cfg.precision, device)   # once: "bf16" where the hardware has it
     accumulation = accumulation_steps(cfg, dist.world_size)
-    manifest = read_json(Path(shards_dir) / "manifest.json")
+    manifest = read_shards_manifest(shards_dir)   # a DataError naming the file when missing or corrupt
     vocab_size = int(manifest["vocab_size"])
     checkpointer = Checkpointer(scratch_dir, fingerprint(run.as_params(), manifest.get("config_hash"),
                                                          dist.world_size))
@@ -80,6 +81,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                             masking=run.settings.masking, rank=dist.rank, world_size=dist.world_size)
 
     state = checkpointer.load()
+    orphan = checkpointer.recorded_mlflow_run() if state is None else None   # read before the clear below
     if state is None:
         if dist.is_main:
             checkpointer.clear()  # nothing of a different configuration survives
@@ -91,7 +93,10 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
         # Rank 0 saved its loader position; every rank is at the same position of its own part.
         loader.load_state_dict({**state["loader"], "rank": dist.rank})
         step, elapsed, last_logged = state["step"], state["elapsed"], state["last_logged"]
-    tracker = Tracker.start(run, resume_id=state and state.get("mlflow_run_id")) if dist.is_main else None
+    tracker = (Tracker.start(run, resume_id=state and state.get("mlflow_run_id"), orphan_id=orphan)
+               if dist.is_main else None)
+    if tracker:
+        checkpointer.record_mlflow_run(tracker.run_id)
     if tracker:
         tracker.tag(precision=precision, cpu_native_bf16=cpu_has_native_bf16())
     heldout = HeldOut.from_shards(shards_dir, run.settings.masking, cfg.guard.batches, cfg.micro_batch_size,
@@ -101,13 +106,15 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
         tracker.log({f"heldout_{k}": v for k, v in heldout.measure(objective, precision).items()}, 0)
 
     tokens_per_step = cfg.batch_size * int(manifest["seq_len"])
-    fraction_steps = {max(1, round(f * cfg.steps)): f for f in cfg.checkpoint_fractions}
+    fraction_steps: dict[int, list[float]] = {}   # two fractions of a short run can fall on one step
+    for f in cfg.checkpoint_fractions:
+        fraction_steps.setdefault(max(1, round(f * cfg.steps)), []).append(f)
     devices = dist.world_size
-    peak = peak_flops(device)
+    peak = peak_flops(device, precision)
     meter = Meter()
-    flops_per_step: float | None = None
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"pretrain {run.name}", unit="step",
-               disable=not (show_progress and dist.is_main), dynamic_ncols=True)
+    flops_per_step: float | None = state.get("flops_per_step") if state else None
+    bar = progress_bar(total=cfg.steps, initial=step, desc=f"pretrain {run.name}", unit="step",
+                       disable=not (show_progress and dist.is_main), dynamic_ncols=True)
     window_start, window_steps = time.perf_counter(), 0
     objective.train()
     try:
@@ -161,7 +168,10 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                 window_start, window_steps = time.perf_counter(), 0
 
             if heldout is not None and (step % cfg.guard.every == 0 or step == cfg.steps):
+                started = time.perf_counter()
                 diagnostics = heldout.measure(objective, precision)
+                seconds = time.perf_counter() - started   # in the wall clock, not in the tokens/s of training
+                elapsed, window_start = elapsed + seconds, window_start + seconds
                 tracker.log({f"heldout_{k}": v for k, v in diagnostics.items()}, step)
                 last_logged = {**last_logged, **{f"heldout_{k}": v for k, v in diagnostics.items()}}
                 problem = collapse(diagnostics, cfg.guard)
@@ -170,6 +180,12 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                         f"run {run.name} collapsed at step {step}: {problem}. Its numbers would say nothing; "
                         f"docs/training.md (collapse guard) says what to change")
 
+            # The fraction first: a resume starts after the checkpoint's step, so a fraction at that step
+            # must exist before the checkpoint does (a kill in between would otherwise lose it for good).
+            if dist.is_main and step in fraction_steps:
+                so_far = elapsed + time.perf_counter() - window_start
+                for fraction in fraction_steps[step]:
+                    save_fraction(checkpointer, objective, fraction, step, so_far, devices)
             pause = stop is not None and step < cfg.steps and stop()
             if pause:   # the unlogged window's seconds still count towards the run's hours
                 elapsed += time.perf_counter() - window_start
@@ -177,12 +193,18 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                 checkpointer.save({"model": objective.state_dict(), "optimizer": optimizer.state_dict(),
                                    "schedule": schedule.state_dict(), "loader": loader.state_dict(),
                                    "step": step, "elapsed": elapsed, "last_logged": last_logged,
+                                   "flops_per_step": flops_per_step,
                                    "mlflow_run_id": tracker.run_id if tracker else None})
-            if dist.is_main and step in fraction_steps:
-                so_far = elapsed + time.perf_counter() - window_start
-                save_fraction(checkpointer, objective, fraction_steps[step], step, so_far, devices)
             if pause:
                 break
+        # Fine-tuning would drop a missing point of the efficiency curves without a word: refuse instead.
+        # (The no-pretraining control has no training to take fractions of; a paused run has its later
+        # fractions still to come.)
+        if (dist.is_main and objective.trains and step >= cfg.steps
+                and (missing := checkpointer.missing_fractions(cfg.checkpoint_fractions))):
+            raise DataError(f"run {run.name}: the fraction checkpoints {', '.join(missing)} are missing from "
+                            f"{checkpointer.directory / 'fractions'} (a scratch of an earlier version, or edited); "
+                            f"delete {checkpointer.directory} to train the run again")
     except BaseException as error:
         bar.close()
         if tracker:
@@ -200,6 +222,9 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                "params_total": count_parameters(objective), "devices": devices,
                "wall_hours": elapsed / 3600, "device_hours": elapsed * devices / 3600}
     if dist.is_main:
+        summary["mlflow_run_id"] = tracker.run_id   # the report matches the workspace's outputs to their run
+        # Outputs, then MLflow; the caller clears the scratch last, after its metrics file: a kill anywhere
+        # in between resumes from the final checkpoint and redoes only these steps (docs/training.md).
         write_outputs(objective, out_dir, checkpointer, summary, vocab_dir)
         tracker.finish(summary, out_dir)
         print(f"pretrain {run.name}: {step} steps, loss {summary.get('loss', float('nan')):.4f}, "
@@ -301,17 +326,14 @@ def save_fraction(checkpointer: Checkpointer, objective: Objective, fraction: fl
 
 def write_outputs(objective: Objective, out_dir: Path, checkpointer: Checkpointer, summary: dict,
                   vocab_dir: Path | None) -> None:
-    """models/<run>/: encoder/ (ours), hf/ (transformers, absolute positions only), auxiliary.pt,
-    fractions/<pct>/, summary.json, written in one atomic rename; then the scratch is cleared."""
+    """models/<run>/: encoder/ (ours; the export stage makes the Hugging Face one from it), auxiliary.pt,
+    fractions/<pct>/, summary.json, written in one atomic rename."""
     encoder = objective.main_encoder()
     with atomic_dir(out_dir) as tmp:
         save_encoder(encoder, tmp / "encoder", vocab_dir)
-        if huggingface_compatible(encoder.cfg):
-            save_huggingface(encoder, tmp / "hf", vocab_dir)
         auxiliary = objective.auxiliary_state()
         if auxiliary is not None:
             torch.save({k: v.detach().cpu() for k, v in auxiliary.items()}, tmp / "auxiliary.pt")
         for fraction in checkpointer.fractions():
             shutil.copytree(fraction, tmp / "fractions" / fraction.name)
         write_json(tmp / "summary.json", summary)
-    checkpointer.clear()

@@ -24,9 +24,9 @@ def count_flops(fn) -> tuple[object, int]:
 
 
 @lru_cache(maxsize=None)
-def cpu_matmul_peak(size: int = 1024, seconds: float = 0.3) -> float:
-    """Measured fp32 matmul FLOP/s of this CPU (the denominator of CPU MFU)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def cpu_matmul_peak(size: int = 1024, seconds: float = 0.3, dtype: torch.dtype = torch.float32) -> float:
+    """Measured matmul FLOP/s of this CPU in `dtype` (the denominator of CPU MFU: bf16 under bf16 autocast)."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     a @ b
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -35,13 +35,12 @@ def cpu_matmul_peak(size: int = 1024, seconds: float = 0.3) -> float:
     return 2 * size ** 3 * n / (time.perf_counter() - start)
 
 
-def peak_flops(device: torch.device, override: float | None = None) -> float | None:
-    """FLOP/s peak of one device: the configured value, a known GPU's bf16 peak, or the measured CPU fp32 peak."""
-    if override:
-        return override
+def peak_flops(device: torch.device, precision: str = "fp32") -> float | None:
+    """FLOP/s peak of one device: a known GPU's bf16 peak, or the CPU's matmul peak measured in the
+    run's precision (fp32, or bf16 under bf16 autocast)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         return next((v for k, v in CUDA_BF16_PEAK.items() if k in name), None)
     if device.type == "cpu":
-        return cpu_matmul_peak()
+        return cpu_matmul_peak(dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
     return None

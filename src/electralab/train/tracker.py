@@ -11,13 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from electralab import tracking
 from electralab.runs import ResolvedRun
 
 
 def _tags(run: ResolvedRun) -> dict[str, str]:
+    # threads: what this process trains with (electralab.cli.set_threads), for reading tokens/s across machines
     return tracking.run_tags(run=run.name, method=run.method, tables=run.spec.tables, preset=run.preset,
-                             seed=run.seed, stage="pretrain")
+                             seed=run.seed, stage="pretrain", threads=torch.get_num_threads())
 
 
 class Tracker:
@@ -26,8 +29,13 @@ class Tracker:
         self.run_id = run_id
 
     @classmethod
-    def start(cls, run: ResolvedRun, resume_id: str | None = None) -> "Tracker | FileTracker":
-        """A new run, or the interrupted one again when resuming (one tracked run per run)."""
+    def start(cls, run: ResolvedRun, resume_id: str | None = None,
+              orphan_id: str | None = None) -> "Tracker | FileTracker":
+        """A new run, or the interrupted one again when resuming (one tracked run per run).
+        `orphan_id`: the run of an attempt killed before it left a checkpoint to resume; it is closed as
+        KILLED rather than left RUNNING forever."""
+        if orphan_id and orphan_id != resume_id:
+            tracking.close_orphan(orphan_id, "killed before its first checkpoint; the run restarted from step 0")
         if tracking.backend() == "file":
             return FileTracker.start(run, resume_id)
         mlflow = tracking.mlflow_module()
@@ -43,18 +51,22 @@ class Tracker:
         self.mlflow.set_tags({k: str(v) for k, v in tags.items()})
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics(tracking.finite_metrics(metrics), step=step, run_id=self.run_id)
+        """Queued to MLflow's background writer: the training step does not wait on the store."""
+        self.mlflow.log_metrics(tracking.finite_metrics(metrics), step=step, run_id=self.run_id, synchronous=False)
 
     def fail(self, error: BaseException) -> None:
+        self.mlflow.flush_async_logging()
         status = "FAILED" if isinstance(error, Exception) else "KILLED"
         self.mlflow.set_tag("error", f"{type(error).__name__}: {error}"[:5000])
         self.mlflow.end_run(status)
 
     def pause(self, step: int) -> None:
+        self.mlflow.flush_async_logging()
         self.mlflow.set_tag("paused_at_step", str(step))
         self.mlflow.end_run("KILLED")   # ended: another run may start in this process; resuming reopens it
 
     def finish(self, summary: dict[str, Any], out_dir: Path) -> None:
+        self.mlflow.flush_async_logging()
         numbers = {f"final_{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
         self.mlflow.log_metrics(tracking.finite_metrics(numbers), run_id=self.run_id)
         self.mlflow.log_artifacts(str(out_dir / "encoder"), artifact_path="encoder")

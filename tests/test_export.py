@@ -1,0 +1,131 @@
+"""The Hugging Face export, loaded by transformers as its users load it: `AutoTokenizer` gives our ids on the GLUE
+and SQuAD dev sentences of the mirror (cased and uncased, BPE and unigram), and `AutoModel` + `AutoTokenizer` give
+our encoder's outputs, for absolute-position encoders (transformers' ElectraModel) and relative-position ones (the
+remote code shipped in the export), with SDPA and eager attention. tests/test_flows.py checks the export stage's
+output of a trained run (the model card included).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import VOCAB, mirror_root
+from electralab.config import EncoderConfig
+from electralab.data.vocab import Tokenizer
+from electralab.export import load_encoder, save_encoder, save_huggingface
+from electralab.finetune.features import encode_pairs
+from electralab.finetune.tasks import TASKS, MissingSplit, read_split
+from electralab.model.encoder import Encoder, make_token_embedding
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+# Real text, and what normalisation has to get right: whitespace runs and controls, accents, a word-final
+# capital sigma, zero-width and format characters, characters outside the vocabulary, the replacement character.
+EDGE_CASES = ["  Café\tMÜNCHEN\n", "ΟΔΟΣ ΣΟΦΙΑΣ", "a\u200bb  c", "日本語のテキスト 🤖", "x\x01y\x7fz", "İstanbul ǅ ﬁ",
+              "naïve résumé", "\ufffdbroken", "a\x1cb\u3000c", " ", ""]
+
+
+def dev_pairs(limit: int = 150) -> list[tuple[str, str | None]]:
+    """Sentences (and their pairs) of every GLUE task's dev split in the mirror, and SQuAD 2.0 questions with
+    their paragraphs."""
+    pairs: list[tuple[str, str | None]] = []
+    for task in TASKS.values():
+        try:
+            split = read_split(task, task.eval_splits[0].name, mirror_root())
+        except MissingSplit:   # a split the mirror lacks (QQP's dev)
+            continue
+        if task.kind == "span":
+            pairs += [(e.question, e.context) for e in split.examples[:limit]]
+        else:
+            b = split.text_b[:limit] if split.text_b is not None else [None] * limit
+            pairs += list(zip(split.text_a[:limit], b))
+    assert len(pairs) > 6 * limit
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def vocabularies(vocab_dir, corpus_dir, corpus_cfg, mirror, tmp_path_factory):
+    """The session's uncased BPE vocabulary, a cased BPE one and an uncased unigram one."""
+    from electralab.data.corpus import build_corpus
+    from electralab.data.vocab import train_vocab
+
+    out = tmp_path_factory.mktemp("vocabularies")
+    build_corpus(dataclasses.replace(corpus_cfg, uncased=False), out / "cased-corpus", mirror)
+    train_vocab(out / "cased-corpus", out / "cased-bpe", VOCAB)
+    train_vocab(corpus_dir, out / "uncased-unigram", dataclasses.replace(VOCAB, model_type="unigram"))
+    return {"uncased-bpe": vocab_dir, "cased-bpe": out / "cased-bpe", "uncased-unigram": out / "uncased-unigram"}
+
+
+def random_encoder(cfg: EncoderConfig, vocab_size: int) -> Encoder:
+    torch.manual_seed(0)
+    encoder = Encoder(cfg, make_token_embedding(vocab_size, cfg.embedding)).eval()
+    with torch.no_grad():   # away from the initialisation: zero biases would hide a misplaced one
+        for p in encoder.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return encoder
+
+
+@pytest.mark.parametrize("kind", ["uncased-bpe", "cased-bpe", "uncased-unigram"])
+def test_autotokenizer_gives_our_ids_on_real_sentences(kind, vocabularies, tmp_path):
+    from transformers import AutoTokenizer
+
+    cfg = EncoderConfig(hidden=16, layers=1, heads=1, ffn=32, embedding=16, max_positions=512)
+    ours = Tokenizer(vocabularies[kind])
+    save_huggingface(random_encoder(cfg, ours.vocab_size), tmp_path / "hf", vocab_dir=vocabularies[kind])
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "hf")   # as is: no remote code, no arguments
+
+    pairs = dev_pairs() + [(t, None) for t in EDGE_CASES]
+    texts = [t for pair in pairs for t in pair if t is not None]
+    mismatches = [t for t, ids in zip(texts, theirs(texts, add_special_tokens=False)["input_ids"])
+                  if ids != ours.encode(t)]
+    assert not mismatches, (len(mismatches), len(texts), mismatches[:3])
+    # With the special tokens: exactly the inputs fine-tuning builds ([CLS] a [SEP] b [SEP], no segment ids).
+    a, b = [p[0] for p in pairs if p[1]], [p[1] for p in pairs if p[1]]
+    encoded = encode_pairs(ours, a, b, np.zeros(len(a)), max_len=100_000)
+    batch = theirs(a, b)
+    assert set(batch) == {"input_ids", "attention_mask"}
+    assert all(batch["input_ids"][i] == encoded.ids[encoded.offsets[i]:encoded.offsets[i + 1]].tolist()
+               for i in range(len(a)))
+    assert theirs.decode(theirs("The cat sat.")["input_ids"], skip_special_tokens=True) == ours.decode(
+        ours.encode("The cat sat."))
+
+
+CONFIGS = {   # the presets' default (absolute + relative), relative only with factorised embeddings, absolute only
+    "absolute+relative": dict(absolute_positions=True, relative_positions=True),
+    "relative, factorised": dict(absolute_positions=False, relative_positions=True, embedding=16,
+                                 relative_buckets=16, relative_max_distance=24),
+    "absolute": dict(absolute_positions=True, relative_positions=False, embedding=16),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_automodel_and_autotokenizer_give_our_encoders_outputs(name, vocab_dir, tmp_path):
+    from transformers import AutoModel, AutoTokenizer, ElectraModel
+
+    cfg = EncoderConfig(**{**dict(hidden=32, layers=3, heads=2, ffn=64, embedding=32, max_positions=512),
+                           **CONFIGS[name]})
+    ours = Tokenizer(vocab_dir)
+    encoder = random_encoder(cfg, ours.vocab_size)
+    save_encoder(encoder, tmp_path / "ours", vocab_dir)
+    save_huggingface(load_encoder(tmp_path / "ours"), tmp_path / "hf", vocab_dir=tmp_path / "ours")
+    remote = cfg.relative_positions
+    assert (tmp_path / "hf" / "modeling_electralab.py").exists() == remote
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+
+    pairs = dev_pairs(limit=3)
+    a, b = [p[0] for p in pairs if p[1]][:6], [p[1] for p in pairs if p[1]][:6]   # up to ~200 tokens: far buckets
+    batch = tokenizer(a, b, padding=True, return_tensors="pt")
+    mask = batch["attention_mask"].bool()
+    assert not mask.all()   # padding in the batch: the mask and the bias combine
+    with torch.no_grad():
+        expected = encoder(batch["input_ids"], mask)[-1]
+        for attention in ("sdpa", "eager"):
+            model = AutoModel.from_pretrained(tmp_path / "hf", trust_remote_code=remote,
+                                              attn_implementation=attention).eval()
+            assert (type(model).__name__ == "ElectralabModel") == remote and isinstance(model, ElectraModel)
+            got = model(**batch).last_hidden_state
+            assert torch.allclose(got[mask], expected[mask], atol=1e-5), (attention, (got - expected)[mask].abs().max())
