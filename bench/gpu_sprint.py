@@ -4,7 +4,7 @@ control, fine-tuned on five GLUE tasks) in a few 10-minute commands on a lent GP
     # CPU machine: build and pack the data, write the sprint's settings (once; about 3 minutes)
     ELECTRALAB_DATA=../shared/data python bench/gpu_sprint.py prep
     # GPU machine, each command (device tool: carry .sprint/carry and .sprint/state, timeout 600 s)
-    python3 bench/gpu_sprint.py run --out $OUT
+    PYTHONUNBUFFERED=1 python3 bench/gpu_sprint.py run --out $OUT
     # CPU machine, after each command: take the returned state back, then the next command
     python bench/gpu_sprint.py restore <the command's returned folder>
     # CPU machine, at the end: the tracked runs into MLflow, and the small preset's report
@@ -73,7 +73,7 @@ def prep(args) -> None:
           f"{cfg.pieces} command(s) of {cfg.piece_seconds:.0f} s (+{cfg.grace_seconds:.0f} s grace)")
     print(f"prep: what travels: {total / 2**20:.1f} MiB (tracked files + .sprint/carry) + .sprint/state; limit 64 MiB")
     print("next, on the GPU machine (device tool `run`), once per command:\n"
-          "  command: python3 bench/gpu_sprint.py run --out $OUT\n"
+          "  command: PYTHONUNBUFFERED=1 python3 bench/gpu_sprint.py run --out $OUT\n"
           "  carry:   [\".sprint/carry\", \".sprint/state\"], timeout_s: 600\n"
           "then here: python bench/gpu_sprint.py restore <files_at of that run>")
 

@@ -113,6 +113,8 @@ def test_dry_run_goes_in_commands_inside_their_limits_and_under_a_minute(sprint)
         assert call.cpu < PIECE + GRACE + EXIT_SLACK, f"command {i} took {call.cpu:.1f} s"
         assert "tracking: file" in call.proc.stdout   # mlflow absent: the run log
     assert sum(c.cpu for c in calls) < 60, [round(c.cpu, 1) for c in calls]
+    print(f"dry run: {len(calls)} commands, {sum(c.cpu for c in calls):.1f} s of CPU in all "
+          f"({', '.join(f'{c.cpu:.1f}' for c in calls)})")   # the figure docs/scaling.md quotes (pytest -rP)
     first = calls[0].proc.stdout
     # Throughput first, then the control, then the plan, and only then any method's pretraining.
     assert first.index("throughput") < first.index("control: the encoder as initialised") < first.index("plan:")
