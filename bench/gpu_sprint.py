@@ -1,7 +1,7 @@
 """The GPU sprint: the small preset's first real comparison (MLM, ELECTRA, COCO-LM and the no-pretraining
 control, fine-tuned on five GLUE tasks) in a few 10-minute commands on a lent GPU machine.
 
-    # CPU machine: build and pack the data, write the sprint's settings (once; about 3 minutes)
+    # CPU machine: build and pack the data, write the sprint's settings (once; 1-3 minutes)
     ELECTRALAB_DATA=../shared/data python bench/gpu_sprint.py prep
     # GPU machine, each command (device tool: carry .sprint/carry and .sprint/state, timeout 600 s)
     PYTHONUNBUFFERED=1 python3 bench/gpu_sprint.py run --out $OUT
