@@ -6,23 +6,97 @@
   artifacts under <project root>/mlartifacts.
 * One experiment per preset ("electralab-<preset>"). Tags on every run: run, method, tables, preset,
   git_sha, dvc_exp, seed (+ stage: pretrain | finetune | report).
+* Without MLflow (a GPU machine that has only torch): the same records go to the run log, plain files
+  under $ELECTRALAB_RUNLOG (default <project root>/runlog), importable into MLflow later
+  (electralab.runlog). $ELECTRALAB_TRACKING picks one: mlflow | file; unset, MLflow when it is installed.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
+import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
 from electralab.env import repo_root, store_root
+from electralab.errors import ConfigError
 
 EXPERIMENT_PREFIX = "electralab-"
+BACKEND_ENV, RUNLOG_ENV = "ELECTRALAB_TRACKING", "ELECTRALAB_RUNLOG"
+BACKENDS = ("mlflow", "file")
 
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store_root() / 'mlflow.db'}"
+
+
+@functools.lru_cache(maxsize=None)
+def mlflow_installed() -> bool:
+    try:
+        return importlib.util.find_spec("mlflow") is not None
+    except (ImportError, ValueError):   # a broken or blocked install counts as none
+        return False
+
+
+def backend() -> str:
+    """"mlflow" or "file": $ELECTRALAB_TRACKING, else MLflow where it is installed (checked per call:
+    cheap, and a test may change the environment)."""
+    chosen = os.environ.get(BACKEND_ENV, "").strip().lower()
+    if chosen and chosen not in BACKENDS:
+        raise ConfigError(f"{BACKEND_ENV}={chosen!r}: choose one of {list(BACKENDS)}, or unset it (MLflow when "
+                          f"installed, else the run log)")
+    if chosen == "mlflow" and not mlflow_installed():
+        raise ConfigError(f"{BACKEND_ENV}=mlflow but mlflow is not installed here; unset it to track to the run "
+                          f"log ({runlog_dir()}) and import that into MLflow later")
+    if chosen:
+        return chosen
+    if mlflow_installed():
+        return "mlflow"
+    _say_file_once(str(runlog_dir()))
+    return "file"
+
+
+@functools.lru_cache(maxsize=None)
+def _say_file_once(where: str) -> None:
+    print(f"tracking: mlflow is not installed here; runs go to the run log {where} "
+          f"(import it into MLflow with electralab.runlog.import_runlog)", file=sys.stderr)
+
+
+def runlog_dir() -> Path:
+    return Path(os.environ.get(RUNLOG_ENV) or store_root() / "runlog").resolve()
+
+
+def client():
+    """An MlflowClient on the tracking store, or the run log's FileClient (the same methods)."""
+    if backend() == "file":
+        from electralab.runlog import FileClient
+
+        return FileClient(runlog_dir())
+    from mlflow import MlflowClient
+
+    open_store(tracking_uri())
+    return MlflowClient(tracking_uri())
+
+
+def metric(key: str, value: float, timestamp: int, step: int):
+    """A metric entity both clients take (MLflow's own where it is installed)."""
+    if mlflow_installed():
+        from mlflow.entities import Metric
+    else:
+        from electralab.runlog import Metric
+    return Metric(key, value, timestamp, step)
+
+
+def param(key: str, value: str):
+    if mlflow_installed():
+        from mlflow.entities import Param
+    else:
+        from electralab.runlog import Param
+    return Param(key, value)
 
 
 def experiment_name(preset: str) -> str:
@@ -58,14 +132,25 @@ def _mlflow():
 
 
 def ensure_experiment(preset: str) -> str:
-    """The experiment id for a preset, created on first use with a local artifact store."""
-    mlflow = _mlflow()
-    name = experiment_name(preset)
+    """The experiment id for a preset, created on first use with a local artifact store (the run log
+    names experiments by name)."""
+    if backend() == "file":
+        return experiment_name(preset)
+    return ensure_mlflow_experiment(experiment_name(preset))
+
+
+def ensure_mlflow_experiment(name: str, uri: str | None = None) -> str:
+    """The id of MLflow experiment `name` in the store at `uri` (default: this project's), created when absent."""
+    import mlflow
+
+    uri = uri or tracking_uri()
+    open_store(uri)
+    mlflow.set_tracking_uri(uri)
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
     location = None
-    if tracking_uri().startswith("sqlite:"):
+    if uri.startswith("sqlite:"):
         location = (store_root() / "mlartifacts" / name).as_uri()
     try:
         return mlflow.create_experiment(name, artifact_location=location)
@@ -77,6 +162,9 @@ def ensure_experiment(preset: str) -> str:
 
 
 def git_sha() -> str:
+    """The commit that runs; $ELECTRALAB_GIT_SHA where the copy has no .git (the GPU sprint's)."""
+    if os.environ.get("ELECTRALAB_GIT_SHA"):
+        return os.environ["ELECTRALAB_GIT_SHA"]
     try:
         proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
                               timeout=10)
@@ -123,18 +211,15 @@ def start_run(*, preset: str, run_name: str, tags: dict[str, str], run_id: str |
 
 def close_orphan(run_id: str, why: str) -> None:
     """Mark the RUNNING run of a killed process KILLED, saying why (a run already closed, or deleted from
-    the store meanwhile, is left as it is)."""
-    from mlflow import MlflowClient
-
-    open_store(tracking_uri())
-    client = MlflowClient(tracking_uri())
+    the store meanwhile, is left as it is). MLflow's store or the run log, whichever tracks here."""
+    store = client()
     try:
-        if client.get_run(run_id).info.status != "RUNNING":
+        if store.get_run(run_id).info.status != "RUNNING":
             return
     except Exception:   # not in this store (deleted, or another store)
         return
-    client.set_tag(run_id, "error", why)
-    client.set_terminated(run_id, "KILLED")
+    store.set_tag(run_id, "error", why)
+    store.set_terminated(run_id, "KILLED")
 
 
 def latest_finished_run(preset: str, run: str, stage: str) -> str | None:

@@ -8,7 +8,8 @@ SQLite store; trials never talk to MLflow).
     tracker.finish(group, parent, selection, metrics, params)   # medians, spread, medians.csv -> FINISHED
 
 Parent ids are kept in the scratch directory so that a resumed grid continues the same parents; a
-failed stage marks its open parents FAILED (the report reads FINISHED runs only).
+failed stage marks its open parents FAILED (the report reads FINISHED runs only). Where MLflow is not
+installed the same records go to the run log (tracking.client(); electralab.runlog).
 """
 
 from __future__ import annotations
@@ -32,10 +33,8 @@ def _finite(value: Any) -> bool:
 
 class FinetuneTracker:
     def __init__(self, run: ResolvedRun, seeds: tuple[int, ...], state_path: Path, pretrain_run_id: str = ""):
-        from mlflow import MlflowClient
-
         self.run = run
-        self.client = MlflowClient(tracking.tracking_uri())
+        self.client = tracking.client()
         self.experiment = tracking.ensure_experiment(run.preset)
         # git_sha costs a subprocess: the tags are built once and copied per run.
         self.tags = tracking.run_tags(run=run.name, method=run.method, tables=run.spec.tables, preset=run.preset,
@@ -71,8 +70,7 @@ class FinetuneTracker:
 
     def trial(self, spec: TrialSpec, parent_id: str, result: dict) -> str:
         """A child run: the configuration and seed as params, the dev metrics of every evaluation (step = epoch)."""
-        from mlflow.entities import Metric, Param
-
+        Metric, Param = tracking.metric, tracking.param
         tags = {**self.tags, "stage": "finetune-trial", "seed": str(spec.seed), "task": spec.group.task,
                 "checkpoint": spec.group.checkpoint, "label_fraction": str(spec.group.label_fraction),
                 "config": spec.hparams.name, "mlflow.parentRunId": parent_id}
@@ -92,8 +90,7 @@ class FinetuneTracker:
     def finish(self, parent_id: str, selection: Selection, metrics: dict[str, float], params: dict[str, Any]) -> None:
         """The selected configuration's median/std/min/max of every metric, counts and hours, the
         selected configuration and settings as params, medians.csv; then FINISHED."""
-        from mlflow.entities import Metric, Param
-
+        Metric, Param = tracking.metric, tracking.param
         now = int(time.time() * 1000)
         by_seed = {f"seed{seed}_{m}": v for seed, values in selection.by_seed.items() for m, v in values.items()}
         values = {**selection.stats, **by_seed, **metrics}

@@ -29,7 +29,7 @@ def pretrain_on_ray(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_d
              for k, v in dict(shards=shards_dir, out=out_dir, scratch=scratch_dir, vocab=vocab_dir).items()}
     # Workers start in Ray's own directories: hand them absolute locations of everything.
     env = {"MLFLOW_TRACKING_URI": tracking.tracking_uri(), "DVC_ROOT": str(repo_root()), "PYTHONUNBUFFERED": "1"}
-    env.update({k: os.environ[k] for k in ("DVC_EXP_NAME",) if k in os.environ})
+    env.update({k: os.environ[k] for k in ("DVC_EXP_NAME", tracking.BACKEND_ENV, tracking.RUNLOG_ENV) if k in os.environ})
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=address or os.environ.get("RAY_ADDRESS"), runtime_env={"env_vars": env},

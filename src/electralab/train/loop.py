@@ -7,6 +7,10 @@ step accumulate gradients over micro-batches, clip, check the loss is finite, st
 and every `guard.every` steps measure held-out diagnostics and stop a collapsed run (diagnostics.py).
 At the end the main encoder, the auxiliary (where others need it), the
 fraction checkpoints and a summary are written to out_dir in one atomic rename.
+
+With `stop` (a function checked after every step; one process only) the loop stops after the step at
+which it says True, with a checkpoint, and returns {"paused": True, "steps": ...}: the next call resumes
+there (the GPU sprint's commands end inside their time limit this way: stop=lambda: clock() >= deadline).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -53,7 +57,10 @@ class Dist:
 
 
 def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Path, *,
-             vocab_dir: Path | None = None, dist: Dist = Dist(), show_progress: bool = True) -> dict[str, Any]:
+             vocab_dir: Path | None = None, dist: Dist = Dist(), show_progress: bool = True,
+             stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    if stop is not None and dist.world_size > 1:
+        raise ValueError("pretrain: stop is for one process (ranks would stop at different steps)")
     cfg = run.pretrain
     device = choose_device(cfg, dist)
     precision = resolve_precision(cfg.precision, device)   # once: "bf16" where the hardware has it
@@ -179,15 +186,22 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                 so_far = elapsed + time.perf_counter() - window_start
                 for fraction in fraction_steps[step]:
                     save_fraction(checkpointer, objective, fraction, step, so_far, devices)
-            if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
+            pause = stop is not None and step < cfg.steps and stop()
+            if pause:   # the unlogged window's seconds still count towards the run's hours
+                elapsed += time.perf_counter() - window_start
+            if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps or pause):
                 checkpointer.save({"model": objective.state_dict(), "optimizer": optimizer.state_dict(),
                                    "schedule": schedule.state_dict(), "loader": loader.state_dict(),
                                    "step": step, "elapsed": elapsed, "last_logged": last_logged,
                                    "flops_per_step": flops_per_step,
                                    "mlflow_run_id": tracker.run_id if tracker else None})
+            if pause:
+                break
         # Fine-tuning would drop a missing point of the efficiency curves without a word: refuse instead.
-        # (The no-pretraining control has no training to take fractions of.)
-        if dist.is_main and objective.trains and (missing := checkpointer.missing_fractions(cfg.checkpoint_fractions)):
+        # (The no-pretraining control has no training to take fractions of; a paused run has its later
+        # fractions still to come.)
+        if (dist.is_main and objective.trains and step >= cfg.steps
+                and (missing := checkpointer.missing_fractions(cfg.checkpoint_fractions))):
             raise DataError(f"run {run.name}: the fraction checkpoints {', '.join(missing)} are missing from "
                             f"{checkpointer.directory / 'fractions'} (a scratch of an earlier version, or edited); "
                             f"delete {checkpointer.directory} to train the run again")
@@ -197,6 +211,11 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
             tracker.fail(error)
         raise
     bar.close()
+    if objective.trains and step < cfg.steps:   # stopped by `stop`; the checkpoint resumes it
+        tracker.pause(step)
+        print(f"pretrain {run.name}: paused at step {step} of {cfg.steps}; the next call resumes "
+              f"from {checkpointer.state_path}")
+        return {"paused": True, "steps": step, "wall_hours": elapsed / 3600}
 
     summary = {**last_logged, "steps": step, "tokens": step * tokens_per_step,
                "flops_per_step": flops_per_step or 0.0, "params_main": count_parameters(objective.main_encoder()),
