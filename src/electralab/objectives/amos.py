@@ -145,7 +145,9 @@ class Amos(Objective):
         """gamma (M, K): the weight of each exit at each masked position."""
         s, (M, K) = self.settings, f.shape[:2]
         if s.mixture == "adversarial":
-            return (f @ self.mixture_v).softmax(-1)                       # Eq. 3
+            # Eq. 3, in fp32 whatever the autocast: a matmul would run in bf16 and the weights (logged,
+            # and read back by the fixed-mixture ablation) would sum to 1 only within ~2e-3
+            return (f.float() * self.mixture_v.float()).sum(-1).softmax(-1)
         if s.mixture == "uniform":
             return f.new_full((M, K), 1.0 / K)
         if s.mixture == "random_layer":
