@@ -93,7 +93,7 @@ def test_a_flow_with_a_bad_preset_table_or_run_fails_in_prefect_before_any_work(
     proc = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True,
                           timeout=FLOW_TIMEOUT)
     assert "ConfigError table 'amos/table99' is not a table; choose from: coco-lm/table1" in proc.stdout, proc.stderr
-    assert "ConfigError run 'nope' is not in params.yaml runs; choose from: mlm, electra" in proc.stdout
+    assert "ConfigError run 'nope' is not in params.yaml runs; choose from: control, mlm, electra" in proc.stdout
 
     for name, value in (("huge: mlm", "'huge'"), ("params.yaml: amos/table99", "'amos/table99'"),
                         ("params.yaml: mlm, nope", "'nope'")):
@@ -119,7 +119,7 @@ def test_a_flow_run_cannot_be_pointed_at_another_directory(tmp_path, prefect_api
     assert sorted(p.name for p in other.iterdir()) == before                # nothing ran there
     listed = flow(project, {**env, "ELECTRALAB_PROJECTS": str(other)}, "--project", str(other), "--runs", "mlm",
                   "--targets")
-    assert listed.returncode == 0 and listed.stdout.split() == ["corpus", "shards", "pretrain@mlm", "finetune@mlm"]
+    assert listed.returncode == 0 and listed.stdout.split() == ["corpus", "shards", "pretrain@mlm", "finetune@mlm", "export@mlm"]
 
 
 # ---- schedules ----------------------------------------------------------------------------------------
