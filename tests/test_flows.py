@@ -221,7 +221,7 @@ def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     assert {(r.data.tags["run"], r.data.tags["task"]) for r in parents if r.data.tags.get("checkpoint", "final") == "final"
             and r.data.tags.get("label_fraction", "1.0") == "1.0"} >= {(r, t) for r in ABLATION_RUNS for t in ("rte", "stsb", "squad2")}
 
-    check_export(project, "teams", next(r.info.run_id for r in runs if r.data.tags["run"] == "teams"))
+    check_export(project, "teams_ablation", next(r.info.run_id for r in runs if r.data.tags["run"] == "teams_ablation"))
 
     summary = api(prefect_api, "artifacts/filter", {"artifacts": {"key": {"any_": ["reproduce-tiny"]},
                                                                   "flow_run_id": {"any_": [flow_run["id"]]}}})
@@ -274,7 +274,7 @@ def test_one_table_through_dvc_repro_then_the_flow_agrees_and_prefect_never_cach
     env = flow_env(project, prefect_api, tmp_path / "mlflow.db")
     targets = subprocess.run(reproduce_cmd("--tables", "coco-lm/table1", "--targets"), cwd=project, env=env,
                              capture_output=True, text=True, timeout=120)
-    runs = [f"{s}@{r}" for r in ("mlm", "electra", "cocolm") for s in ("pretrain", "finetune", "export")]
+    runs = [f"{s}@{r}" for r in ("control", "mlm", "electra", "cocolm") for s in ("pretrain", "finetune", "export")]
     assert targets.stdout.split() == ["corpus", "shards", *runs], targets.stderr
     proc = subprocess.run([str(BIN / "dvc"), "repro", *targets.stdout.split()], cwd=project, env=env,
                           capture_output=True, text=True, timeout=FLOW_TIMEOUT)
