@@ -41,7 +41,7 @@ def test_a_stage_log_off_a_terminal_shows_progress_within_a_noise_budget_and_the
     project = make_project(tmp_path / "project")
     db = tmp_path / "mlflow.db"
     env = {**env_for(project, mirror_root()), "MLFLOW_TRACKING_URI": f"sqlite:///{db}",
-           "ELECTRALAB_PROGRESS_EVERY": "1", "ELECTRALAB_THREADS": "2"}
+           "ELECTRALAB_PROGRESS_EVERY": "0.1", "ELECTRALAB_THREADS": "2"}   # MINI pretraining takes ~1 s
     env.pop("ELECTRALAB_VERBOSE", None)
     subprocess.run([str(BIN / "dvc"), "repro", "shards"], cwd=project, env=env, capture_output=True, check=True)
     proc = subprocess.run([str(BIN / "dvc"), "repro", "pretrain@mlm", "finetune@mlm"], cwd=project, env=env,
