@@ -134,7 +134,7 @@ def test_mlflow_compare_view_shows_the_ablation_table_with_its_medians(mlflow_ui
     ids = json.dumps([r["info"]["run_id"] for r in rows])
     compare = (f"{mlflow_ui}/#/compare-runs?runs={urllib.parse.quote(ids)}"
                f"&experiments={urllib.parse.quote(json.dumps([experiment_id]))}")
-    show(browser, compare, "Comparing 4 Runs", "Metrics", f"{ABLATION} | ", shot="mlflow-ablation-table-compare.png")
+    show(browser, compare, f"Comparing {len(ABLATION_RUNS)} Runs", "Metrics", f"{ABLATION} | ", shot="mlflow-ablation-table-compare.png")
     lines = scrolled_lines(browser, until=medians[0], shot="mlflow-ablation-table-compare-metrics.png")
     assert medians[0] in lines and f"published/{medians[0]}" in lines, sorted(lines)[:50]
 
