@@ -315,11 +315,13 @@ def attempts(record_dir: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_failed_trials_are_retried_and_an_interrupted_grid_resumes(tmp_path, models, env, mlflow_uri, local_ray):
+def test_failed_trials_are_retried_and_an_interrupted_grid_resumes(tmp_path, models, env, monkeypatch, local_ray):
     from electralab.finetune.protocol import finetune
 
     root = make_project(tmp_path, models, "mlm", tasks=["mnli", "rte"])   # mlm: + MNLI on checkpoint 050
     env(root)
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"   # a store of its own: it counts every parent of `mlm`
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     params = load_params(root / "params.yaml")
     run, cfg = resolve_run(params, "mlm"), params.active.finetune
     scratch = root / "checkpoints" / "finetune" / "mlm"
