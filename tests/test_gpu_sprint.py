@@ -158,7 +158,9 @@ def test_the_run_log_holds_every_run_with_mlflow_absent(sprint):
     assert {m[0] for m in pretrain["electra"].metrics} >= {"loss", "rtd_acc_replaced", "tokens_per_s", "final_steps"}
     parents = [r for r in runs if r.tags["stage"] == "finetune"]
     assert len(parents) == 4 * 5 and all(r.status == "FINISHED" for r in parents)
-    assert all(any(m[0].startswith("median_") for m in r.metrics) for r in parents)
+    # a median per parent, unless the task's metrics were never numbers (a MINI model predicting one STS-B
+    # score has no correlation): then the parent names them
+    assert all(any(m[0].startswith("median_") for m in r.metrics) or r.tags.get("failed_metrics") for r in parents)
     children = [r for r in runs if r.tags["stage"] == "finetune-trial"]
     assert len(children) == 4 * 5 * 2   # runs x tasks x (1 configuration x 2 seeds)
     ids = {r.run_id for r in parents}
