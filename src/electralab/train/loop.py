@@ -97,7 +97,6 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                if dist.is_main else None)
     if tracker:
         checkpointer.record_mlflow_run(tracker.run_id)
-    if tracker:
         tracker.tag(precision=precision, cpu_native_bf16=cpu_has_native_bf16())
     heldout = HeldOut.from_shards(shards_dir, run.settings.masking, cfg.guard.batches, cfg.micro_batch_size,
                                   run.seed, device) if dist.is_main and objective.trains else None
