@@ -3,8 +3,8 @@
     data = prepare(TASKS["mnli"], tokenizer, cfg, data_root, fractions=(1.0, 0.01))
     data[1.0].train, data[1.0].evals, data[1.0].counts       # every label; 1% of them in data[0.01]
 
-Caps (the smaller of the task's `train_caps` and `max_train_examples`; `max_eval_examples`; SQuAD: `squad.max_train_questions`,
-`squad.max_eval_questions`) and label fractions draw from one fixed permutation of
+Caps (the smaller of the task's `train_caps` and `max_train_examples`; `max_eval_examples`; SQuAD:
+`squad.max_train_questions`, `squad.max_eval_questions`) and label fractions draw from one fixed permutation of
 each split (seed SUBSET_SEED), so every run sees the same examples, and the 1% subset is inside the 10%
 one. Counts of what exists and what is used go to MLflow (`num_train_available`, `num_train_examples`,
 `num_eval_examples`, ...). A missing split raises MissingSplit before anything is tokenised.
