@@ -48,7 +48,7 @@ def set_param(project: Path, dotted: str, value) -> None:
     *path, last = dotted.split(".")
     node = params
     for key in path:
-        node = node[key]
+        node = node.setdefault(key, {})   # like `-S ++key=value`: a key the preset leaves to the code default
     node[last] = value
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 

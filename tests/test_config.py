@@ -21,7 +21,7 @@ def with_change(raw: dict, dotted: str, value) -> dict:
     *path, last = dotted.split(".")
     node = out
     for key in path:
-        node = node[key]
+        node = node.setdefault(key, {})   # a key the preset leaves to the code default
     node[last] = value
     return out
 
@@ -127,3 +127,27 @@ def test_runs_that_read_each_other_are_a_cycle_not_a_recursion(raw):
     with pytest.raises(ConfigError, match=r"runs\.mlm\.reads: the runs read each other's output in a cycle "
                                           r"\(mlm -> electra -> mlm\)"):
         resolve_all(parse_params(looped))
+
+
+def test_each_methods_masking_default_is_its_papers_and_params_yaml_departs_from_none():
+    # docs/methods.md "Masking": ELECTRA's release and TEAMS (BERT's data pipeline) never mask [CLS]/[SEP];
+    # RoBERTa-style MLM, COCO-LM (App. D) and AMOS (the same fairseq code) do.
+    from electralab.objectives import method_settings
+    expected = {"mlm": (0.8, 0.1, True), "electra": (0.85, 0.0, False), "cocolm": (0.8, 0.1, True),
+                "amos": (0.8, 0.1, True), "teams": (0.8, 0.1, False)}
+    params = load_params(ROOT / "params.yaml")
+    for method, (mask_token, random_token, specials) in expected.items():
+        masking = method_settings(method, {}).masking
+        assert (masking.mask_prob, masking.mask_token_prob, masking.random_token_prob,
+                masking.mask_special_tokens) == (0.15, mask_token, random_token, specials), method
+        assert params.methods[method] == {}, f"methods.{method}: params.yaml departs from the paper"
+
+
+def test_config_module_prints_a_resolved_preset(capsys):
+    from electralab.config import main
+    main(["small", "--params", str(ROOT / "params.yaml")])
+    printed = yaml.safe_load(capsys.readouterr().out)["small"]
+    assert printed["pretrain"]["precision"] == "auto"                    # a code default, not in params.yaml
+    assert printed["finetune"]["grids"]["glue_small"]["lr"] == [1.0e-4, 3.0e-4]   # the preset's own
+    with pytest.raises(SystemExit, match="no preset 'nope'"):
+        main(["nope", "--params", str(ROOT / "params.yaml")])

@@ -75,6 +75,10 @@ def test_dvc_repro_tiny(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Running stage 'shards'" in proc.stdout and "Running stage 'corpus'" not in proc.stdout
     assert json.loads((project / "data" / "shards" / "manifest.json").read_text())["seq_len"] == 64
+    # A key the preset leaves to the code default (`-S ++presets.tiny.vocab.threads=1`) invalidates its stage.
+    set_param(project, "presets.tiny.vocab.threads", 1)
+    status = json.loads(run([str(BIN / "dvc"), "status", "--json", "--with-deps", "shards"], project, env).stdout)
+    assert set(status) == {"vocab"}
     set_param(project, "preset", "small")
     status = json.loads(run([str(BIN / "dvc"), "status", "--json", "--with-deps", "shards"], project, env).stdout)
     assert {"corpus", "vocab", "shards"} <= set(status)

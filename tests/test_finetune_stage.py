@@ -94,7 +94,7 @@ def make_project(tmp_path: Path, models: Path, run: str, **finetune) -> Path:
     params["preset"] = "tiny"
     tiny = params["presets"]["tiny"]["finetune"]
     for key, value in {**FINETUNE, **finetune}.items():
-        tiny[key] = {**tiny[key], **value} if key in ("squad", "resources") else value
+        tiny[key] = {**tiny.get(key, {}), **value} if key in ("squad", "resources") else value
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     return root
 

@@ -74,7 +74,7 @@ def sprint_params(params: Params, cfg: SprintConfig, pretrain: dict | None = Non
     raw["preset"] = cfg.preset
     preset = raw["presets"][cfg.preset]
     finetune = preset["finetune"]
-    finetune["seeds"] = list(finetune.get("seeds", [1, 2, 3, 4, 5]))[: cfg.seeds]
+    finetune["seeds"] = list(params.presets[cfg.preset].finetune.seeds)[: cfg.seeds]
     finetune["tasks"] = list(cfg.tasks)
     preset["pretrain"] = {**preset["pretrain"], **(pretrain or {})}
     return parse_params(raw, f"params.yaml with the sprint's schedule (presets.{cfg.preset})")

@@ -3,8 +3,9 @@
 params.yaml has four top-level keys:
 
     preset:  which scale preset is active (tiny | small | base | base_pp | large_pp)
-    presets: the values of every preset, grouped by concern (corpus, vocab, shards, model, ...)
-    methods: the papers' settings of each pretraining method, the same at every scale
+    presets: each preset's values, grouped by concern (corpus, vocab, shards, model, ...): only what
+             differs from the dataclass defaults below, which are the papers' base setting
+    methods: departures from each method's paper settings (its Settings defaults), at every scale
     runs:    the registry of named pretraining runs (one per row of the papers' tables)
 
 Every value can be overridden with `dvc exp run -S presets.tiny.vocab.size=2000` and friends.
@@ -71,10 +72,17 @@ class MirrorSource:
     format: Literal["paragraphs", "wikitext"] = "paragraphs"
 
 
+# The papers' base corpus (BERT's; COCO-LM and AMOS Sec. 4 "Wikipedia and BookCorpus", 16 GB).
+BASE_CORPUS = (HubSource("wikimedia/wikipedia", "20231101.en", format="document"),
+               HubSource("rojagtap/bookcorpus", format="sentences"))
+# The offline mirror's English Wikipedia articles ($ELECTRALAB_DATA/corpus/, ../shared/data/SOURCES.md).
+MIRROR_CORPUS = (MirrorSource("enwiki_featured_articles.txt"), MirrorSource("enwiki_good_articles_sample.txt"))
+
+
 @dataclass(frozen=True)
 class CorpusConfig:
-    hub: tuple[HubSource, ...]        # read when ELECTRALAB_DATA is not set
-    mirror: tuple[MirrorSource, ...]  # read when ELECTRALAB_DATA names a local mirror
+    hub: tuple[HubSource, ...] = BASE_CORPUS          # read when ELECTRALAB_DATA is not set
+    mirror: tuple[MirrorSource, ...] = MIRROR_CORPUS  # read when ELECTRALAB_DATA names a local mirror
     uncased: bool = True              # lowercase + strip accents, like BERT-uncased
     max_documents: int | None = bounded(None, lo=1)   # cap for quick presets; None = everything
     shard_documents: int = bounded(50_000, lo=1)      # documents per output Parquet file
@@ -291,10 +299,19 @@ class TrialResources:
     local_cpus: int | None = bounded(None, lo=1)       # CPUs of a local Ray; None: those this process may use
 
 
+def base_grids() -> FinetuneGrids:
+    """COCO-LM Table 7 (GLUE, base/base++) and Table 8 (SQuAD 2.0): the papers' fine-tuning search."""
+    return FinetuneGrids(
+        glue_small=SearchSpace(lr=(2e-5, 3e-5, 4e-5, 5e-5), epochs=(2, 3, 5, 10), batch_size=(16, 32),
+                               warmup=(0.06, 0.1)),
+        glue_large=SearchSpace(lr=(1e-5, 2e-5, 3e-5, 4e-5), epochs=(2, 3, 5), batch_size=(32,), warmup=(0.06,)),
+        squad2=SearchSpace(lr=(2e-5, 3e-5, 4e-5, 5e-5), epochs=(2, 3), batch_size=(16, 32), warmup=(0.06, 0.1)))
+
+
 @dataclass(frozen=True)
 class FinetuneConfig:
     """Fine-tuning and evaluation (docs/finetuning.md): tasks, the grids, seeds, caps, extras."""
-    grids: FinetuneGrids
+    grids: FinetuneGrids = field(default_factory=base_grids)
     tasks: tuple[str, ...] = FINETUNE_TASKS
     # The same seeds for every run and configuration; the median over them is reported.
     seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -605,6 +622,27 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def main(argv: list[str] | None = None) -> None:
+    """`python -m electralab.config [PRESET]`: a preset with every value resolved, the code defaults
+    included (params.yaml states only what differs from them)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m electralab.config", description=main.__doc__)
+    parser.add_argument("preset", nargs="?", help="default: params.yaml's active preset")
+    parser.add_argument("--params", default="params.yaml")
+    args = parser.parse_args(argv)
+    try:
+        params = load_params(args.params)
+        name = args.preset or params.preset
+        if name not in params.presets:
+            raise ConfigError(f"{args.params}: no preset {name!r}; choose one of {list(params.presets)}")
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    print(f"# presets.{name} as resolved from {args.params} and the code defaults")
+    yaml.safe_dump({name: to_dict(params.presets[name])}, sys.stdout, sort_keys=False, width=110)
+
+
 def to_dict(obj: Any) -> Any:
     """A dataclass config back to plain YAML/JSON-able values (for MLflow params and hashes)."""
     if dataclasses.is_dataclass(obj):
@@ -625,3 +663,7 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     else:
         out[prefix] = d
     return out
+
+
+if __name__ == "__main__":
+    main()

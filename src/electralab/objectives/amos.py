@@ -40,7 +40,8 @@ from electralab.objectives.common import (Objective, Output, accuracy, grad_reve
 
 @dataclass(frozen=True)
 class Settings:
-    masking: MaskingConfig = field(default_factory=MaskingConfig)   # 15% (App. B), fairseq 80/10/10
+    # 15% (App. B); the authors' fairseq code, as COCO-LM App. D: 80/10/10, [CLS]/[SEP] maskable (RoBERTa)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
     generator_layers: int | None = bounded(None, lo=1, hi=128)   # None: the preset's (8)
     exits: tuple[int, ...] = (4, 6, 8)          # MLM heads' layers (Sec. 4; Table 9: (4,8), (2,4,6,8), 1..8)
     stop_gradient: bool = True                  # between blocks; False = Table 2 "- stop grad."

@@ -24,8 +24,9 @@ from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy,
 
 
 def _electra_masking() -> MaskingConfig:
-    # ELECTRA's released pretrain_helpers.mask: 85% of selected positions -> [MASK], 15% kept, none random.
-    return MaskingConfig(mask_prob=0.15, mask_token_prob=0.85, random_token_prob=0.0)
+    # ELECTRA's released pretrain_helpers.mask: 85% of selected positions -> [MASK], 15% kept, none random;
+    # [CLS]/[SEP] are never candidates (its _get_candidates_mask).
+    return MaskingConfig(mask_prob=0.15, mask_token_prob=0.85, random_token_prob=0.0, mask_special_tokens=False)
 
 
 @dataclass(frozen=True)

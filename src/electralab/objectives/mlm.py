@@ -19,7 +19,7 @@ from electralab.objectives.common import MaskedLM, Objective, Output, accuracy, 
 
 @dataclass(frozen=True)
 class Settings:
-    masking: MaskingConfig = field(default_factory=MaskingConfig)   # BERT: 15%, 80/10/10
+    masking: MaskingConfig = field(default_factory=MaskingConfig)   # RoBERTa: 15%, 80/10/10, specials maskable
 
 
 class MLM(Objective):

@@ -34,9 +34,15 @@ from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy,
                                           replace_masked, rtd, sample, sized)
 
 
+def _teams_masking() -> MaskingConfig:
+    # App. B: "we follow BERT" (static masking of BERT's create_pretraining_data): 15%, 80/10/10, and
+    # like BERT only real tokens are candidates, never [CLS]/[SEP].
+    return MaskingConfig(mask_prob=0.15, mask_token_prob=0.8, random_token_prob=0.1, mask_special_tokens=False)
+
+
 @dataclass(frozen=True)
 class Settings:
-    masking: MaskingConfig = field(default_factory=MaskingConfig)   # 15% (App. B), BERT 80/10/10
+    masking: MaskingConfig = field(default_factory=_teams_masking)
     generator_layers: int | None = bounded(None, lo=1, hi=128)  # None: the preset's (1/2 depth); Fig. 4
     # Generator layers that are the discriminator's own bottom layers. None = half the generator's
     # (TEAMS); 0 = Table 4 "No Tie"; = generator_layers: Table 4 "Full Tie".
