@@ -2,7 +2,7 @@
 #   make repro      set up .venv from the lock file, then the headline comparison: the trained rows of
 #                   COCO-LM, AMOS and TEAMS Table 1 (MLM, ELECTRA, COCO-LM, AMOS, TEAMS) and the
 #                   no-pretraining control, pretrained, fine-tuned and reported (docs/reproducing.md)
-#   make test       set up .venv from the lock file, then run the test suite
+#   make test       set up .venv from the lock file, check format and lint (ruff), then run the test suite
 # and the rest:
 #   make repro-all  every run of every table and figure (`dvc repro`): about 21 hours on 2 CPU cores (docs/operations.md)
 # Offline (no Hugging Face hub), point ELECTRALAB_DATA at a local mirror: ELECTRALAB_DATA=../shared/data
@@ -14,7 +14,7 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup browser repro repro-all test bench clean-venv
+.PHONY: setup browser repro repro-all lint test bench clean-venv
 
 HEADLINE := coco-lm/table1 amos/table1 teams/table1
 
@@ -44,7 +44,12 @@ repro: setup
 repro-all: setup
 	dvc repro
 
-test: setup browser
+# The style cannot drift: CI runs `make test`. `ruff format . && ruff check --fix .` repairs most of it.
+lint: setup
+	ruff format --check .
+	ruff check .
+
+test: setup browser lint
 	pytest
 
 bench: setup
