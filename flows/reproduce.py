@@ -44,7 +44,8 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
 
-from electralab.config import PRESETS, ConfigError, load_params, parse_params
+from electralab.config import PRESETS, load_params, parse_params
+from electralab.errors import ConfigError
 from electralab.runs import TABLES, resolve_all, run_specs, runs_for_tables, with_producers
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from electralab import CLS_ID, MASK_ID, PAD_ID
-from electralab.config import ConfigError, GeneratorSize, load_params
+from electralab.config import GeneratorSize, load_params
+from electralab.errors import ConfigError
 from electralab.objectives import build_objective, method_settings
 from electralab.objectives.cocolm import CocoLM, Settings, crop, lm_log_prob, lm_predict, scl_loss
 from electralab.objectives.common import sample

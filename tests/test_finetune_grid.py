@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from electralab.config import ConfigError, FinetuneConfig, SearchSpace, load_params
-from electralab.errors import DataError
+from electralab.config import FinetuneConfig, SearchSpace, load_params
+from electralab.errors import ConfigError, DataError
 from electralab.finetune.grid import (FINAL, Group, HParams, ResultStore, TrialSpec, configurations, fingerprint,
                                       select)
 from electralab.finetune.protocol import plan, summarize

@@ -275,7 +275,7 @@ def test_masking_settings():
 
 
 def test_settings_errors_name_the_key():
-    from electralab.config import ConfigError
+    from electralab.errors import ConfigError
     with pytest.raises(ConfigError, match=r"methods\.electra\.rtd_weight"):
         method_settings("electra", {"rtd_weight": -1})
     with pytest.raises(ConfigError, match=r"methods\.electra\.rtd_head"):

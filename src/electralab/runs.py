@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from electralab.config import (MAIN_BUDGET, ConfigError, EncoderConfig, GeneratorSizes, Params, PretrainConfig, deep_merge,
-                               build, to_dict)
+from electralab.config import (MAIN_BUDGET, EncoderConfig, GeneratorSizes, Params, PretrainConfig, build,
+                               deep_merge, to_dict)
+from electralab.errors import ConfigError
 from electralab.objectives import METHODS, method_settings
 
 # Every table and figure whose rows are pretraining runs (the report's table specs use the same keys).

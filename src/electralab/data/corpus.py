@@ -27,9 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from electralab.config import CorpusConfig, HubSource, to_dict
-from electralab.data import DataError, read_manifest
+from electralab.data import read_manifest
 from electralab.data.progress import byte_bar, megabytes, summary
 from electralab.data.text import normalize
+from electralab.errors import DataError
 from electralab.io import atomic_dir, sha256_file, write_json
 
 MANIFEST = "manifest.json"

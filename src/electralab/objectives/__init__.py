@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from electralab.config import EncoderConfig, GeneratorSizes, build
+from electralab.errors import ConfigError
 from electralab.objectives.amos import Amos
 from electralab.objectives.cocolm import CocoLM
 from electralab.objectives.common import Objective, Output
@@ -16,7 +17,6 @@ from electralab.objectives.electra import Electra
 from electralab.objectives.mlm import MLM
 from electralab.objectives.none import NoPretraining
 from electralab.objectives.teams import Teams
-from electralab.config import ConfigError
 
 METHODS: dict[str, type[Objective]] = {"mlm": MLM, "electra": Electra, "cocolm": CocoLM, "amos": Amos,
                                        "teams": Teams, "none": NoPretraining}

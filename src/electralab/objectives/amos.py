@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from electralab.batch import Batch
-from electralab.config import ConfigError, EncoderConfig, GeneratorSize, GeneratorSizes, MaskingConfig, bounded
+from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes, MaskingConfig, bounded
+from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (Objective, Output, accuracy, grad_reverse, gumbel_noise, mlm_loss,

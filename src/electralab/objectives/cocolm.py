@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from electralab import CLS_ID, PAD_ID
 from electralab.batch import Batch
-from electralab.config import ConfigError, EncoderConfig, GeneratorSizes, MaskingConfig, bounded
+from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig, bounded
+from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, mlm_loss, random_tokens,
