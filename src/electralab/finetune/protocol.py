@@ -36,12 +36,12 @@ from electralab.data.vocab import Tokenizer
 from electralab.errors import ConfigError, DataError, TrialsFailed
 from electralab.finetune.data import TaskData, prepare
 from electralab.finetune.grid import (FINAL, Group, HParams, ResultStore, Selection, TrialSpec, configurations,
-                                      fingerprint, select)
+                                      select)
 from electralab.finetune.metrics import glue_average
 from electralab.finetune.tasks import TASKS, MissingSplit
 from electralab.finetune.track import FinetuneTracker
 from electralab.finetune.trial import TrialSettings
-from electralab.io import read_json, sha256_file
+from electralab.io import fingerprint, read_json, sha256_file
 from electralab.runs import ResolvedRun
 
 EFFICIENCY_TABLES = ("coco-lm/fig3", "amos/fig4")   # MNLI against pretraining hours

@@ -21,25 +21,18 @@ killed before its first checkpoint is closed (KILLED) by the next attempt instea
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from electralab.io import fsync, read_json, sha256_file, write_json
 
 STATE, PREVIOUS, CHECKSUMS, MLFLOW = "state.pt", "state.prev.pt", "checksums.json", "mlflow.json"
-
-
-def fingerprint(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class Checkpointer:
