@@ -123,11 +123,13 @@ def open_store(uri: str) -> None:
     _OPENED.add(uri)
 
 
-def _mlflow():
-    import mlflow  # imported lazily: start-up time matters for small stages and tests
+def mlflow_module(uri: str | None = None):
+    """The mlflow module, pointed at the store at `uri` (default: this project's)."""
+    import mlflow  # lazily: importing it costs about a second, which small stages and tests feel
 
-    open_store(tracking_uri())
-    mlflow.set_tracking_uri(tracking_uri())
+    uri = uri or tracking_uri()
+    open_store(uri)
+    mlflow.set_tracking_uri(uri)
     return mlflow
 
 
@@ -141,11 +143,8 @@ def ensure_experiment(preset: str) -> str:
 
 def ensure_mlflow_experiment(name: str, uri: str | None = None) -> str:
     """The id of MLflow experiment `name` in the store at `uri` (default: this project's), created when absent."""
-    import mlflow
-
     uri = uri or tracking_uri()
-    open_store(uri)
-    mlflow.set_tracking_uri(uri)
+    mlflow = mlflow_module(uri)
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
@@ -201,7 +200,7 @@ def finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
 def start_run(*, preset: str, run_name: str, tags: dict[str, str], run_id: str | None = None,
               nested: bool = False, system_metrics: bool = False):
     """Start (or resume, given run_id) an MLflow run; use as a context manager."""
-    mlflow = _mlflow()
+    mlflow = mlflow_module()
     experiment_id = ensure_experiment(preset)
     if run_id is not None:
         return mlflow.start_run(run_id=run_id, log_system_metrics=system_metrics)
@@ -224,7 +223,7 @@ def close_orphan(run_id: str, why: str) -> None:
 
 def latest_finished_run(preset: str, run: str, stage: str) -> str | None:
     """The id of the latest finished `stage` run (pretrain, finetune, ...) of `run` in the preset's experiment."""
-    mlflow = _mlflow()
+    mlflow = mlflow_module()
     experiment = mlflow.get_experiment_by_name(experiment_name(preset))
     if experiment is None:
         return None
@@ -232,8 +231,3 @@ def latest_finished_run(preset: str, run: str, stage: str) -> str | None:
                                filter_string=f"tags.stage = '{stage}' and tags.run = '{run}' and "
                                              f"attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"])
     return found[0].info.run_id if found else None
-
-
-def mlflow_module():
-    """The mlflow module, pointed at this project's tracking store."""
-    return _mlflow()
