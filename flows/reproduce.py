@@ -45,13 +45,12 @@ from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
 
 from electralab.config import PRESETS, load_params, parse_params
-from electralab.errors import ConfigError
+from electralab.errors import EXIT_BAD_INPUT, ConfigError
 from electralab.runs import TABLES, resolve_all, run_specs, runs_for_tables, with_producers
 
 PROJECT = Path(__file__).resolve().parents[1]
 WORKSPACES = Path(".electralab") / "workspaces"   # under the project; ignored by git and DVC
 SOURCES = ("dvc.yaml", ".dvcignore", "stages", "src")   # what a preset workspace copies from the project
-EXIT_BAD_INPUT = 2                                      # electralab.cli: a config or data error, not transient
 PROGRESS = re.compile(r"\d+%\|")                        # a tqdm progress line
 PROGRESS_EVERY_S = 15.0
 PROJECTS_ENV = "ELECTRALAB_PROJECTS"   # other project roots a flow run may work in (os.pathsep-separated)
