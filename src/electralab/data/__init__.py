@@ -16,6 +16,8 @@ from pathlib import Path
 from electralab.errors import DataError
 from electralab.io import read_json
 
+MANIFEST = "manifest.json"   # in which the corpus and shards stages describe their output (read_manifest)
+
 
 def read_manifest(path: str | Path, stage: str) -> dict:
     """The JSON file a stage wrote (its manifest), or a DataError saying which stage to run first."""
