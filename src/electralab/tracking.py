@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -192,9 +193,15 @@ def flat_params(nested: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """MLflow rejects NaN in some stores and plots it poorly: drop non-finite values."""
-    return {k: float(v) for k, v in metrics.items() if v == v and abs(float(v)) != float("inf")}
+def finite(value: Any) -> bool:
+    """Whether `value` is a finite number: MLflow rejects NaN in some stores and plots it poorly, and a JSON
+    metrics file cannot hold it (a bool is no metric)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of `metrics`, as floats: the others are dropped."""
+    return {k: float(v) for k, v in metrics.items() if finite(v)}
 
 
 def start_run(*, preset: str, run_name: str, tags: dict[str, str], run_id: str | None = None,
