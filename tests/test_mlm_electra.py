@@ -291,7 +291,8 @@ def test_settings_errors_name_the_key():
 @pytest.mark.parametrize("method", ["mlm", "electra"])
 def test_a_few_adamw_steps_lower_the_loss_and_same_seed_same_numbers(method):
     batch = make_batch()
-    build = lambda: build_objective(method, {}, tiny_model(), tiny_generators(), VOCAB)
+    settings = method_settings(method, {})
+    build = lambda: build_objective(method, settings, tiny_model(), tiny_generators(), VOCAB)
     first = train_losses(build, batch, steps=6)
     assert all(b < a for a, b in zip(first, first[1:])), first          # every step lowers it
     assert train_losses(build, batch, steps=6) == first               # bit-identical on a fresh build

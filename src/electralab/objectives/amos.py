@@ -101,7 +101,6 @@ class Amos(Objective):
 
     def __init__(self, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int, settings: Settings):
         super().__init__()
-        settings.check("methods.amos")   # also when built directly, not via method_settings
         self.settings = s = settings
         self.tokens = make_token_embedding(vocab_size, model.embedding, model.initializer_range)
         no_dropout = dict(dropout=s.generator_dropout, attention_dropout=s.generator_dropout)

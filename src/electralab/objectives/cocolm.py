@@ -133,9 +133,6 @@ class CocoLM(Objective):
 
     def __init__(self, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int, settings: Settings):
         super().__init__()
-        # A Settings instance passed directly (build_objective accepts one) skips the loader's check;
-        # without it a converged auxiliary with no checkpoint fails with a TypeError from Path(None).
-        settings.check("methods.cocolm")
         self.settings = s = settings
         self.vocab_size = vocab_size
         self.tokens = make_token_embedding(vocab_size, model.embedding, model.initializer_range)

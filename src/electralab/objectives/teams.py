@@ -84,7 +84,6 @@ class Teams(Objective):
 
     def __init__(self, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int, settings: Settings):
         super().__init__()
-        settings.check("methods.teams")   # also when built directly, not via method_settings
         self.settings = s = settings
         self.model_cfg = model
         self.tokens = make_token_embedding(vocab_size, model.embedding, model.initializer_range)
