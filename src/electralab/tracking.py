@@ -1,4 +1,5 @@
-"""MLflow tracking contracts (DESIGN.md):
+"""MLflow tracking contracts (docs/tracking.md), shared by each stage's own MLflow module: train/track.py,
+finetune/track.py and report/track.py.
 
 * Tracking URI: $MLFLOW_TRACKING_URI when set, else an absolute sqlite:///<project root>/mlflow.db
   (anchored on DVC_ROOT under DVC, the parent repository for a temp or queued experiment, whose copy is

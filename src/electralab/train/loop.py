@@ -41,7 +41,7 @@ from electralab.train.checkpoint import Checkpointer, write_meta
 from electralab.train.common import autocast, cpu_has_native_bf16, linear_schedule, make_adamw, resolve_precision
 from electralab.train.diagnostics import HeldOut, collapse, guard_active
 from electralab.train.perf import count_flops, peak_flops
-from electralab.train.tracker import Tracker
+from electralab.train.track import Tracker
 
 
 @dataclass(frozen=True)
