@@ -136,7 +136,3 @@ def fraction_name(fraction: float) -> str:
 
 def write_meta(directory: Path, meta: dict) -> None:
     write_json(directory / "meta.json", meta)
-
-
-def read_meta(directory: Path) -> dict:
-    return read_json(directory / "meta.json")
