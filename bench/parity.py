@@ -211,6 +211,7 @@ def build_pair(method: str, model: EncoderConfig, generators: GeneratorSizes, vo
                settings=None, seed: int = 1) -> tuple[Objective, nn.Module]:
     """Our objective (absolute positions, dropout 0, seeded init) and transformers' peer with its weights."""
     torch.manual_seed(seed)
+    settings = settings or method_settings(method, None)   # None: the method's defaults
     ours = build_objective(method, settings, absolute(model), generators, vocab_size)
     return ours, PEERS[method](ours)
 

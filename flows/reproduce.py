@@ -44,13 +44,13 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
 
-from electralab.config import PRESETS, ConfigError, load_params, parse_params
-from electralab.runs import TABLES, resolve_all, run_specs, runs_for_tables, with_producers
+from electralab.config import PRESETS, load_params, parse_params
+from electralab.errors import EXIT_BAD_INPUT, ConfigError
+from electralab.runs import TABLES, check_run, resolve_all, run_specs, runs_for_tables, with_producers
 
 PROJECT = Path(__file__).resolve().parents[1]
 WORKSPACES = Path(".electralab") / "workspaces"   # under the project; ignored by git and DVC
 SOURCES = ("dvc.yaml", ".dvcignore", "stages", "src")   # what a preset workspace copies from the project
-EXIT_BAD_INPUT = 2                                      # electralab.cli: a config or data error, not transient
 PROGRESS = re.compile(r"\d+%\|")                        # a tqdm progress line
 PROGRESS_EVERY_S = 15.0
 PROJECTS_ENV = "ELECTRALAB_PROJECTS"   # other project roots a flow run may work in (os.pathsep-separated)
@@ -106,8 +106,7 @@ def make_plan(project: Path, preset: str | None = None, tables: list[str] | None
         if table not in TABLES:
             raise ConfigError(f"table {table!r} is not a table; choose from: {', '.join(TABLES)}")
     for run in runs or []:
-        if run not in params.runs:
-            raise ConfigError(f"run {run!r} is not in params.yaml runs; choose from: {', '.join(params.runs)}")
+        check_run(run, params.runs)
     if not tables and not runs:
         wanted = list(params.runs)
     else:

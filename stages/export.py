@@ -15,15 +15,13 @@ from electralab.card import describe, model_card
 from electralab.cli import run_stage
 from electralab.config import Params
 from electralab.env import data_root, repo_root
-from electralab.errors import ConfigError
 from electralab.io import read_json
-from electralab.runs import resolve_all
+from electralab.runs import check_run, resolve_all
 
 
 def main(params: Params, args) -> None:
     runs = resolve_all(params)          # a mistake anywhere in the registry stops here, by key path
-    if args.run not in runs:
-        raise ConfigError(f"run {args.run!r} is not in {args.params} runs (known: {', '.join(runs)})")
+    check_run(args.run, runs, source=args.params)
     from electralab.data import read_manifest
     from electralab.export import huggingface_compatible, load_encoder, save_huggingface
     from electralab.tracking import latest_finished_run

@@ -19,13 +19,12 @@ from electralab.config import Params
 from electralab.env import ALLOW_MISSING_ENV, data_root, repo_root
 from electralab.errors import ConfigError
 from electralab.io import write_json
-from electralab.runs import resolve_all
+from electralab.runs import check_run, resolve_all
 
 
 def main(params: Params, args) -> None:
     runs = resolve_all(params)          # a mistake anywhere in the registry stops here, by key path
-    if args.run not in runs:
-        raise ConfigError(f"run {args.run!r} is not in {args.params} runs (known: {', '.join(runs)})")
+    check_run(args.run, runs, source=args.params)
     cfg = params.active.finetune
     if cfg is None:
         raise ConfigError(f"presets.{params.preset}.finetune is not set: this preset has no fine-tuning grid")

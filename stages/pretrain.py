@@ -17,14 +17,12 @@ from electralab.cli import run_stage
 from electralab.config import Params
 from electralab.env import repo_root
 from electralab.io import write_json
-from electralab.runs import resolve_all
+from electralab.runs import check_run, resolve_all
 
 
 def main(params: Params, args) -> None:
     runs = resolve_all(params)          # a mistake anywhere in the registry stops here, by key path
-    if args.run not in runs:
-        from electralab.errors import ConfigError
-        raise ConfigError(f"run {args.run!r} is not in {args.params} runs (known: {', '.join(runs)})")
+    check_run(args.run, runs, source=args.params)
     run = runs[args.run]
     root = repo_root()
     shards, vocab = root / "data" / "shards", root / "data" / "vocab"

@@ -42,7 +42,7 @@ def install() -> None:
     import electralab.io
     import electralab.train.checkpoint as checkpoint
     import electralab.train.loop as loop
-    from electralab.train.tracker import Tracker
+    from electralab.train.track import Tracker
 
     real_torch_save, real_replace = torch.save, os.replace
     real_sha = getattr(checkpoint, "sha256_file", None)   # (absent before checkpoints had checksums)

@@ -31,7 +31,7 @@ from torch import nn
 from helpers import VOCAB, make_batch, tiny_generators, tiny_model
 
 from electralab.batch import Batch
-from electralab.config import ConfigError
+from electralab.errors import ConfigError
 from electralab.objectives import method_settings
 from electralab.objectives.amos import Amos, Settings
 

@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from electralab import CLS_ID, MASK_ID, PAD_ID
-from electralab.config import ConfigError, GeneratorSize, load_params
-from electralab.objectives import build_objective, method_settings
+from electralab.config import GeneratorSize, load_params
+from electralab.errors import ConfigError
+from electralab.objectives import method_settings
 from electralab.objectives.cocolm import CocoLM, Settings, crop, lm_log_prob, lm_predict, scl_loss
 from electralab.objectives.common import sample
 
@@ -840,12 +841,3 @@ def test_settings_validation_names_the_key():
     # Valid neighbours pass: SCL alone, or the binary task alone, still train the main model.
     method_settings("cocolm", {"lm": "none", "copy_loss": False})
     method_settings("cocolm", {"lm": "none", "scl": False})
-
-
-def test_objective_built_from_unchecked_settings_is_still_validated():
-    """build_objective/CocoLM also accept a Settings instance, which skips the loader's check."""
-    with pytest.raises(ConfigError, match="auxiliary_checkpoint"):
-        CocoLM(shallow_model(), shallow_generators(), VOCAB, Settings(auxiliary="converged"))
-    with pytest.raises(ConfigError, match="lm='none'"):
-        build_objective("cocolm", Settings(lm="none", copy_loss=False, scl=False), shallow_model(),
-                        shallow_generators(), VOCAB)

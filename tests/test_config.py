@@ -7,7 +7,8 @@ import copy
 import pytest
 import yaml
 
-from electralab.config import ConfigError, MaskingConfig, build, load_params, parse_params
+from electralab.config import MaskingConfig, build, load_params, parse_params
+from electralab.errors import ConfigError
 from conftest import ROOT
 
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from electralab.config import CorpusConfig, HubSource, MirrorSource
-from electralab.data import DataError
+from electralab.errors import DataError
 from electralab.data.corpus import build_corpus, iter_documents, read_corpus_manifest, wikitext_documents
 from electralab.data.text import normalize
 from conftest import ENWIKI, WIKITEXT, assert_no_output

@@ -13,7 +13,7 @@ import torch
 from electralab import MASK_ID, PAD_ID
 from electralab.batch import Batch
 from electralab.config import MaskingConfig
-from electralab.data import DataError
+from electralab.errors import DataError
 from electralab.data.loader import PretrainLoader
 from electralab.data.masking import eligible_positions
 

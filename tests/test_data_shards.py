@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from electralab import CLS_ID, PAD_ID, SEP_ID
-from electralab.data import DataError
+from electralab.errors import DataError
 from electralab.data.corpus import iter_documents, read_corpus_manifest
 from electralab.data.shards import (build_shards, read_shards_manifest, token_dtype, validation_documents,
                                     verify_shards)

@@ -11,8 +11,7 @@ import pytest
 import sentencepiece as spm
 
 from electralab import SPECIAL_TOKENS
-from electralab.config import ConfigError
-from electralab.data import DataError
+from electralab.errors import ConfigError, DataError
 from electralab.data.corpus import iter_documents, read_corpus_manifest
 from electralab.data.text import normalize
 from electralab.data.vocab import TOKENIZER_FILE, Tokenizer, train_vocab

@@ -10,12 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from electralab.config import ConfigError, FinetuneConfig, SearchSpace, load_params
-from electralab.errors import DataError
-from electralab.finetune.grid import (FINAL, Group, HParams, ResultStore, TrialSpec, configurations, fingerprint,
-                                      select)
+from electralab.config import FinetuneConfig, SearchSpace, load_params
+from electralab.errors import ConfigError, DataError
+from electralab.finetune.grid import FINAL, Group, HParams, ResultStore, TrialSpec, configurations, select
 from electralab.finetune.protocol import plan, summarize
-from electralab.io import write_json
+from electralab.io import fingerprint, write_json
 from electralab.runs import resolve_run
 
 from conftest import ROOT

@@ -392,7 +392,7 @@ def test_the_trial_loop_learns_and_dynamic_padding_changes_nothing(vocab_dir):
 
 
 def test_trials_never_wait_for_resources_the_cluster_lacks(local_ray):
-    from electralab.config import ConfigError
+    from electralab.errors import ConfigError
     from electralab.finetune.tuning import check_resources
 
     check_resources(TrialResources(cpus=1, gpus=0))

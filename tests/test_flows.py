@@ -70,7 +70,7 @@ def test_plan_puts_producers_first_and_names_the_stages_dvc_yaml_lacks():
 @pytest.mark.parametrize("kwargs, message", [
     ({"preset": "huge"}, r"preset 'huge' is not a preset of .*params.yaml; choose one of \['tiny', 'small', 'base'"),
     ({"tables": ["coco-lm/table9"]}, r"table 'coco-lm/table9' is not a table; choose from: coco-lm/table1, "),
-    ({"runs": ["mlm", "no_such_run"]}, r"run 'no_such_run' is not in params.yaml runs; choose from: control, mlm, electra, "),
+    ({"runs": ["mlm", "no_such_run"]}, r"run 'no_such_run' is not in params.yaml runs; known runs: control, mlm, electra, "),
 ])
 def test_the_plan_names_a_bad_value_and_the_allowed_ones(kwargs, message):
     with pytest.raises(ConfigError, match=message):
@@ -93,7 +93,7 @@ def test_a_flow_with_a_bad_preset_table_or_run_fails_in_prefect_before_any_work(
     proc = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True,
                           timeout=FLOW_TIMEOUT)
     assert "ConfigError table 'amos/table99' is not a table; choose from: coco-lm/table1" in proc.stdout, proc.stderr
-    assert "ConfigError run 'nope' is not in params.yaml runs; choose from: control, mlm, electra" in proc.stdout
+    assert "ConfigError run 'nope' is not in params.yaml runs; known runs: control, mlm, electra" in proc.stdout
 
     for name, value in (("huge: mlm", "'huge'"), ("params.yaml: amos/table99", "'amos/table99'"),
                         ("params.yaml: mlm, nope", "'nope'")):

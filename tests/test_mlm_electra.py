@@ -275,7 +275,7 @@ def test_masking_settings():
 
 
 def test_settings_errors_name_the_key():
-    from electralab.config import ConfigError
+    from electralab.errors import ConfigError
     with pytest.raises(ConfigError, match=r"methods\.electra\.rtd_weight"):
         method_settings("electra", {"rtd_weight": -1})
     with pytest.raises(ConfigError, match=r"methods\.electra\.rtd_head"):
@@ -291,7 +291,8 @@ def test_settings_errors_name_the_key():
 @pytest.mark.parametrize("method", ["mlm", "electra"])
 def test_a_few_adamw_steps_lower_the_loss_and_same_seed_same_numbers(method):
     batch = make_batch()
-    build = lambda: build_objective(method, {}, tiny_model(), tiny_generators(), VOCAB)
+    settings = method_settings(method, {})
+    build = lambda: build_objective(method, settings, tiny_model(), tiny_generators(), VOCAB)
     first = train_losses(build, batch, steps=6)
     assert all(b < a for a, b in zip(first, first[1:])), first          # every step lowers it
     assert train_losses(build, batch, steps=6) == first               # bit-identical on a fresh build

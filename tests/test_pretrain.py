@@ -303,7 +303,8 @@ def test_a_second_direct_run_of_a_running_stage_stops_at_once_naming_the_first(p
 
 def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp_path):
     from electralab.runs import resolve_run
-    from electralab.train.checkpoint import Checkpointer, fingerprint
+    from electralab.io import fingerprint
+    from electralab.train.checkpoint import Checkpointer
 
     params = load_params(project / "params.yaml")
     run_a = resolve_run(params, "mlm")

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from electralab.config import ConfigError, GeneratorSizes
+from electralab.config import GeneratorSizes
+from electralab.errors import ConfigError
 from electralab.model.encoder import TransformerLayer, count_parameters
 from electralab.objectives import method_settings
 from electralab.objectives.teams import Teams, draw_candidates

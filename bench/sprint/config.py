@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from electralab.config import Params, bounded, build, parse_params, to_dict
 from electralab.errors import ConfigError
 from electralab.finetune.tasks import TASKS
-from electralab.runs import ResolvedRun, resolve_run
+from electralab.runs import ResolvedRun, check_run, resolve_run
 
 CONTROL = "control"   # the no-pretraining control (params.yaml runs.control, method none)
 # The GLUE tasks whose train and dev splits the offline mirror holds in full (../shared/data/SOURCES.md).
@@ -60,8 +60,7 @@ def check_runs(params: Params, cfg: SprintConfig) -> None:
         raise ConfigError(f"sprint.seeds={cfg.seeds}: presets.{cfg.preset}.finetune.seeds has only "
                           f"{len(preset.finetune.seeds)}")
     for name in (*cfg.methods, CONTROL):
-        if name not in params.runs:
-            raise ConfigError(f"sprint.methods: {name!r} is not a run of params.yaml (known: {', '.join(params.runs)})")
+        check_run(name, params.runs, "sprint.methods")
         if params.runs[name].get("reads", "data/shards") != "data/shards":
             raise ConfigError(f"sprint.methods: {name!r} reads {params.runs[name]['reads']}; the sprint trains runs "
                               f"that read the shards only")

@@ -28,11 +28,11 @@ from electralab.config import FinetuneConfig, to_dict
 from electralab.data.vocab import Tokenizer
 from electralab.export import load_encoder
 from electralab.finetune.data import TaskData, prepare
-from electralab.finetune.grid import Group, ResultStore, TrialSpec, configurations, fingerprint, select
+from electralab.finetune.grid import Group, ResultStore, TrialSpec, configurations, select
 from electralab.finetune.tasks import TASKS
 from electralab.finetune.track import FinetuneTracker
 from electralab.finetune.trial import TrialSettings, run_trial
-from electralab.io import read_json, sha256_file, write_json
+from electralab.io import fingerprint, read_json, sha256_file, write_json
 from electralab.runs import ResolvedRun
 
 # --- the worker side (module level: spawned processes import it) ----------------------------------

@@ -39,9 +39,8 @@ from typing import Callable, Iterator
 
 from electralab.config import Params, load_params
 from electralab.env import repo_root
-from electralab.errors import EXPECTED_ERRORS, StageBusy
+from electralab.errors import EXIT_BAD_INPUT, EXPECTED_ERRORS, StageBusy
 
-EXIT_BAD_INPUT = 2
 THREADS_ENV, VERBOSE_ENV = "ELECTRALAB_THREADS", "ELECTRALAB_VERBOSE"
 # Library loggers whose INFO lines drown a stage's own output, and the level they get unless verbose.
 QUIET = {"mlflow": logging.WARNING, "alembic": logging.WARNING,

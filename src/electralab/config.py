@@ -654,16 +654,5 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    """{'a': {'b': 1}} -> {'a.b': 1}; lists stay values."""
-    out: dict[str, Any] = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    else:
-        out[prefix] = d
-    return out
-
-
 if __name__ == "__main__":
     main()

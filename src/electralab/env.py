@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from electralab.config import ConfigError
+from electralab.errors import ConfigError
 
 DATA_ENV = "ELECTRALAB_DATA"
 ALLOW_MISSING_ENV = "ELECTRALAB_ALLOW_MISSING"   # 1: a fine-tuning task without its data is recorded, not fatal

@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from electralab import PAD_ID
-from electralab.config import ConfigError, EncoderConfig, build
+from electralab.config import EncoderConfig, build
 from electralab.data.vocab import MODEL_FILE, TOKENIZER_FILE, VOCAB_FILE
+from electralab.errors import ConfigError
 from electralab.io import atomic_dir, read_json, write_json
 from electralab.model.encoder import Encoder
 

@@ -2,7 +2,7 @@
 
 A stage that fails (bad input, a crash, SIGKILL) leaves no output that looks complete: either the
 previous output stays untouched or there is none; half-written data only ever lives under a
-`.tmp-*` name that the next run removes.
+`.tmp-*` name that the next run removes. Also the hashes that tell a kept result from a stale one.
 """
 
 from __future__ import annotations
@@ -89,3 +89,9 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short hash of JSON-able values (settings, data hashes): a kept checkpoint or trial result whose
+    fingerprint differs from the current one was made from other inputs and is stale."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -17,10 +17,11 @@ sizes and the pretraining schedule of the active preset.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
-from electralab.config import (MAIN_BUDGET, ConfigError, EncoderConfig, GeneratorSizes, Params, PretrainConfig, deep_merge,
-                               build, to_dict)
+from electralab.config import (MAIN_BUDGET, EncoderConfig, GeneratorSizes, Params, PretrainConfig, build,
+                               deep_merge, to_dict)
+from electralab.errors import ConfigError
 from electralab.objectives import METHODS, method_settings
 
 # Every table and figure whose rows are pretraining runs (the report's table specs use the same keys).
@@ -92,10 +93,18 @@ def run_specs(params: Params) -> dict[str, RunSpec]:
     return {name: build(RunSpec, value, f"runs.{name}") for name, value in params.runs.items()}
 
 
+def check_run(name: str, runs: Iterable[str], where: str = "", source: str = "params.yaml") -> None:
+    """A ConfigError naming the run and the known ones where `name` is not a run of the registry `runs`
+    (`where`: what named it, e.g. a key path; `source`: the params file the registry is in)."""
+    runs = list(runs)
+    if name not in runs:
+        prefix = f"{where}: " if where else ""
+        known = ", ".join(runs) or "(none)"
+        raise ConfigError(f"{prefix}run {name!r} is not in {source} runs; known runs: {known}")
+
+
 def resolve_run(params: Params, name: str) -> ResolvedRun:
-    if name not in params.runs:
-        known = ", ".join(sorted(params.runs)) or "(none)"
-        raise ConfigError(f"run {name!r} is not in params.yaml runs; known runs: {known}")
+    check_run(name, params.runs)
     where = f"runs.{name}"
     spec = build(RunSpec, params.runs[name], where)
     defaults = params.methods.get(spec.method) or {}
@@ -156,4 +165,4 @@ def with_producers(specs: dict[str, RunSpec], names: list[str]) -> list[str]:
 
 
 __all__ = ["TABLES", "RunSpec", "ResolvedRun", "producer_of", "resolve_run", "resolve_all", "run_specs",
-           "runs_for_tables", "with_producers"]
+           "runs_for_tables", "with_producers", "check_run"]

@@ -1,4 +1,5 @@
-"""MLflow tracking contracts (DESIGN.md):
+"""MLflow tracking contracts (docs/tracking.md), shared by each stage's own MLflow module: train/track.py,
+finetune/track.py and report/track.py.
 
 * Tracking URI: $MLFLOW_TRACKING_URI when set, else an absolute sqlite:///<project root>/mlflow.db
   (anchored on DVC_ROOT under DVC, the parent repository for a temp or queued experiment, whose copy is
@@ -16,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -123,11 +125,13 @@ def open_store(uri: str) -> None:
     _OPENED.add(uri)
 
 
-def _mlflow():
-    import mlflow  # imported lazily: start-up time matters for small stages and tests
+def mlflow_module(uri: str | None = None):
+    """The mlflow module, pointed at the store at `uri` (default: this project's)."""
+    import mlflow  # lazily: importing it costs about a second, which small stages and tests feel
 
-    open_store(tracking_uri())
-    mlflow.set_tracking_uri(tracking_uri())
+    uri = uri or tracking_uri()
+    open_store(uri)
+    mlflow.set_tracking_uri(uri)
     return mlflow
 
 
@@ -141,11 +145,8 @@ def ensure_experiment(preset: str) -> str:
 
 def ensure_mlflow_experiment(name: str, uri: str | None = None) -> str:
     """The id of MLflow experiment `name` in the store at `uri` (default: this project's), created when absent."""
-    import mlflow
-
     uri = uri or tracking_uri()
-    open_store(uri)
-    mlflow.set_tracking_uri(uri)
+    mlflow = mlflow_module(uri)
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
@@ -193,15 +194,21 @@ def flat_params(nested: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """MLflow rejects NaN in some stores and plots it poorly: drop non-finite values."""
-    return {k: float(v) for k, v in metrics.items() if v == v and abs(float(v)) != float("inf")}
+def finite(value: Any) -> bool:
+    """Whether `value` is a finite number: MLflow rejects NaN in some stores and plots it poorly, and a JSON
+    metrics file cannot hold it (a bool is no metric)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of `metrics`, as floats: the others are dropped."""
+    return {k: float(v) for k, v in metrics.items() if finite(v)}
 
 
 def start_run(*, preset: str, run_name: str, tags: dict[str, str], run_id: str | None = None,
               nested: bool = False, system_metrics: bool = False):
     """Start (or resume, given run_id) an MLflow run; use as a context manager."""
-    mlflow = _mlflow()
+    mlflow = mlflow_module()
     experiment_id = ensure_experiment(preset)
     if run_id is not None:
         return mlflow.start_run(run_id=run_id, log_system_metrics=system_metrics)
@@ -224,7 +231,7 @@ def close_orphan(run_id: str, why: str) -> None:
 
 def latest_finished_run(preset: str, run: str, stage: str) -> str | None:
     """The id of the latest finished `stage` run (pretrain, finetune, ...) of `run` in the preset's experiment."""
-    mlflow = _mlflow()
+    mlflow = mlflow_module()
     experiment = mlflow.get_experiment_by_name(experiment_name(preset))
     if experiment is None:
         return None
@@ -232,8 +239,3 @@ def latest_finished_run(preset: str, run: str, stage: str) -> str | None:
                                filter_string=f"tags.stage = '{stage}' and tags.run = '{run}' and "
                                              f"attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"])
     return found[0].info.run_id if found else None
-
-
-def mlflow_module():
-    """The mlflow module, pointed at this project's tracking store."""
-    return _mlflow()

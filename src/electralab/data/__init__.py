@@ -13,10 +13,10 @@ docs/data.md describes formats and choices. Modules are imported on use: this fi
 
 from pathlib import Path
 
+from electralab.errors import DataError
 from electralab.io import read_json
 
-
-from electralab.errors import DataError  # noqa: F401  (re-exported: `from electralab.data import DataError`)
+MANIFEST = "manifest.json"   # in which the corpus and shards stages describe their output (read_manifest)
 
 
 def read_manifest(path: str | Path, stage: str) -> dict:

@@ -27,12 +27,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from electralab.config import CorpusConfig, HubSource, to_dict
-from electralab.data import DataError, read_manifest
+from electralab.data import MANIFEST, read_manifest
 from electralab.data.progress import byte_bar, megabytes, summary
 from electralab.data.text import normalize
+from electralab.errors import DataError
 from electralab.io import atomic_dir, sha256_file, write_json
 
-MANIFEST = "manifest.json"
 # Parquet row groups of about this many characters: the unit of work of the shards stage's workers,
 # small enough that a worker's memory stays bounded whatever the document lengths.
 ROW_GROUP_CHARS = 4_000_000

@@ -35,7 +35,7 @@ import torch
 from electralab import PAD_ID
 from electralab.batch import Batch
 from electralab.config import MaskingConfig
-from electralab.data import DataError
+from electralab.errors import DataError
 from electralab.data.masking import derive_seed, mask_tokens
 from electralab.data.shards import read_shards_manifest, verify_shards
 

@@ -42,13 +42,13 @@ import sentencepiece as spm
 
 from electralab import CLS_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS
 from electralab.config import ShardsConfig, StaticMaskingConfig, to_dict
-from electralab.data import DataError, read_manifest
+from electralab.data import MANIFEST, read_manifest
 from electralab.data.corpus import read_corpus_manifest
 from electralab.data.progress import byte_bar, megabytes, summary
 from electralab.data.vocab import Tokenizer
+from electralab.errors import DataError
 from electralab.io import atomic_dir, sha256_file, write_json
 
-MANIFEST = "manifest.json"
 SPLITS = ("train", "validation")
 # Words kept by each worker's cache before it starts afresh: bounds the cache (~20 MB of Arrow and numpy
 # arrays) on any corpus, while the frequent words that make up most tokens are back within a row group.

@@ -33,11 +33,12 @@ import numpy as np
 import sentencepiece as spm
 
 from electralab import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID
-from electralab.config import ConfigError, VocabConfig
-from electralab.data import DataError, read_manifest
+from electralab.config import VocabConfig
+from electralab.data import read_manifest
 from electralab.data.corpus import iter_documents, read_corpus_manifest
 from electralab.data.progress import byte_bar, summary
 from electralab.data.text import normalize
+from electralab.errors import ConfigError, DataError
 from electralab.io import atomic_dir, write_json
 
 MODEL_FILE = "spm.model"

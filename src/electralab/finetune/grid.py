@@ -13,8 +13,6 @@ interrupted grid skips them.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -132,10 +130,6 @@ def select(finals: dict[TrialSpec, dict[str, float]], configs: list[HParams], ma
 # Finished trials on disk (resume)
 # --------------------------------------------------------------------------------------------
 
-def fingerprint(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 class ResultStore:
     """<directory>/<group>/<config>,seed=<k>.json per finished trial: its history and the fingerprint
     of what it depended on (encoder weights, data, settings). A file whose fingerprint differs from
@@ -161,5 +155,4 @@ class ResultStore:
         write_json(self.path(spec), result)
 
 
-__all__ = ["FINAL", "Group", "HParams", "ResultStore", "Selection", "TrialSpec", "configurations", "fingerprint",
-           "select"]
+__all__ = ["FINAL", "Group", "HParams", "ResultStore", "Selection", "TrialSpec", "configurations", "select"]

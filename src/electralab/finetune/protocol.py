@@ -23,7 +23,6 @@ re-run after an interruption runs only what is left. The scratch is removed when
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,13 +35,14 @@ from electralab.data.vocab import Tokenizer
 from electralab.errors import ConfigError, DataError, TrialsFailed
 from electralab.finetune.data import TaskData, prepare
 from electralab.finetune.grid import (FINAL, Group, HParams, ResultStore, Selection, TrialSpec, configurations,
-                                      fingerprint, select)
+                                      select)
 from electralab.finetune.metrics import glue_average
 from electralab.finetune.tasks import TASKS, MissingSplit
 from electralab.finetune.track import FinetuneTracker
 from electralab.finetune.trial import TrialSettings
-from electralab.io import read_json, sha256_file
+from electralab.io import fingerprint, read_json, sha256_file
 from electralab.runs import ResolvedRun
+from electralab.tracking import finite
 
 EFFICIENCY_TABLES = ("coco-lm/fig3", "amos/fig4")   # MNLI against pretraining hours
 FEW_SHOT_TABLES = ("coco-lm/fig7",)                 # MNLI with a fraction of its labels
@@ -96,10 +96,6 @@ def plan(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path) -> Plan:
                               f"for their task, but {orphans[0]!r} is not in finetune.tasks; add it or use extras_grid=grid")
     out.groups += extras
     return out
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def load_data(the_plan: Plan, cfg: FinetuneConfig, tokenizer: Tokenizer,
@@ -271,7 +267,7 @@ def summarize(selections: dict[Group, Selection], missing: dict[str, str], secon
     and the missing groups with their reason."""
     out: dict = {}
     for group, selection in selections.items():
-        medians = {k.removeprefix("median_"): _finite_or_none(v) for k, v in selection.stats.items()
+        medians = {k.removeprefix("median_"): v if finite(v) else None for k, v in selection.stats.items()
                    if k.startswith("median_")}
         if not Plan.is_extra(group):
             out[group.task] = medians

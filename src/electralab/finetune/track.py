@@ -14,7 +14,6 @@ installed the same records go to the run log (tracking.client(); electralab.runl
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,10 +24,6 @@ from electralab.finetune.grid import Group, Selection, TrialSpec
 from electralab.finetune.tasks import Task
 from electralab.io import read_json, write_json
 from electralab.runs import ResolvedRun
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class FinetuneTracker:
@@ -79,7 +74,7 @@ class FinetuneTracker:
                                         ).info.run_id
         now = int(time.time() * 1000)
         metrics = [Metric(name, float(value), now, int(h["epoch"])) for h in result["history"]
-                   for name, value in h.items() if name != "epoch" and _finite(value)]
+                   for name, value in h.items() if name != "epoch" and tracking.finite(value)]
         params = [Param(k, str(v)) for k, v in {**asdict(spec.hparams), "seed": spec.seed, "task": spec.group.task,
                                                  "checkpoint": spec.group.checkpoint,
                                                  "label_fraction": spec.group.label_fraction}.items()]
@@ -96,11 +91,12 @@ class FinetuneTracker:
         values = {**selection.stats, **by_seed, **metrics}
         flat = {**{f"selected.{k}": v for k, v in asdict(selection.best).items()}, "selected.config": selection.best.name,
                 **tracking.flat_params(params)}
-        self.client.log_batch(parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items() if _finite(v)],
+        numbers = tracking.finite_metrics(values)
+        self.client.log_batch(parent_id, metrics=[Metric(k, v, now, 0) for k, v in numbers.items()],
                               params=[Param(k, str(v)[:6000]) for k, v in flat.items()])
         self.client.log_text(parent_id, selection.medians.to_csv(index=False), "medians.csv")
         failed = sorted(k.removeprefix("median_") for k, v in selection.stats.items()
-                        if k.startswith("median_") and not _finite(v))
+                        if k.startswith("median_") and not tracking.finite(v))
         if failed:   # every configuration diverged (NaN): the report shows these cells as failed, not missing
             self.client.set_tag(parent_id, "failed_metrics", ",".join(failed))
         self.client.set_terminated(parent_id, "FINISHED")

@@ -2,7 +2,10 @@
 per-trial resources (CPUs locally, a GPU or a fraction of one on a cluster), retried on failure.
 
     with ray_session(cfg.resources):
-        errors = run_trials(specs, shared, cfg.resources, cfg.max_failures, storage, on_complete)
+        errors = run_trials(specs, data, encoders, settings, cfg.resources, cfg.max_failures, storage, name,
+                            on_complete)
+    # data: (task, label fraction) -> TaskData; encoders: checkpoint -> encoder directory; settings: the
+    # TrialSettings; name: the Tune experiment's, under storage; errors: (trial key, error) of failed trials
 
 * One `Tuner.fit()` runs a whole list of trials: a grid search over the explicit trial specs, so
   tasks with different grids share one experiment and the CPUs stay busy until the last trial.

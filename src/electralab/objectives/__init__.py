@@ -1,6 +1,7 @@
 """One module per pretraining method; each returns the total loss plus named diagnostics.
 
-    objective = build_objective("cocolm", {"scl": False}, model_cfg, generator_sizes, vocab_size)
+    settings = method_settings("cocolm", {"scl": False})   # checked here, once: a bad value is a ConfigError
+    objective = build_objective("cocolm", settings, model_cfg, generator_sizes, vocab_size)
     out = objective(batch, progress=step / total_steps)   # out.loss, out.metrics
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from electralab.config import EncoderConfig, GeneratorSizes, build
+from electralab.errors import ConfigError
 from electralab.objectives.amos import Amos
 from electralab.objectives.cocolm import CocoLM
 from electralab.objectives.common import Objective, Output
@@ -16,7 +18,6 @@ from electralab.objectives.electra import Electra
 from electralab.objectives.mlm import MLM
 from electralab.objectives.none import NoPretraining
 from electralab.objectives.teams import Teams
-from electralab.config import ConfigError
 
 METHODS: dict[str, type[Objective]] = {"mlm": MLM, "electra": Electra, "cocolm": CocoLM, "amos": Amos,
                                        "teams": Teams, "none": NoPretraining}
@@ -31,8 +32,7 @@ def method_settings(method: str, values: dict[str, Any] | None, where: str = "me
 
 def build_objective(method: str, settings: Any, model: EncoderConfig, generators: GeneratorSizes,
                     vocab_size: int) -> Objective:
-    if isinstance(settings, dict) or settings is None:
-        settings = method_settings(method, settings)
+    """`settings`: the method's checked Settings (from method_settings, or a resolved run's)."""
     return METHODS[method](model, generators, vocab_size, settings)
 
 

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from electralab.batch import Batch
-from electralab.config import ConfigError, EncoderConfig, GeneratorSize, GeneratorSizes, MaskingConfig, bounded
+from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes, MaskingConfig, bounded
+from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (Objective, Output, accuracy, grad_reverse, gumbel_noise, mlm_loss,
@@ -101,7 +102,6 @@ class Amos(Objective):
 
     def __init__(self, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int, settings: Settings):
         super().__init__()
-        settings.check("methods.amos")   # also when built directly, not via method_settings
         self.settings = s = settings
         self.tokens = make_token_embedding(vocab_size, model.embedding, model.initializer_range)
         no_dropout = dict(dropout=s.generator_dropout, attention_dropout=s.generator_dropout)

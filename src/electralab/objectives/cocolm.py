@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from electralab import CLS_ID, PAD_ID
 from electralab.batch import Batch
-from electralab.config import ConfigError, EncoderConfig, GeneratorSizes, MaskingConfig, bounded
+from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig, bounded
+from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, mlm_loss, random_tokens,
@@ -132,9 +133,6 @@ class CocoLM(Objective):
 
     def __init__(self, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int, settings: Settings):
         super().__init__()
-        # A Settings instance passed directly (build_objective accepts one) skips the loader's check;
-        # without it a converged auxiliary with no checkpoint fails with a TypeError from Path(None).
-        settings.check("methods.cocolm")
         self.settings = s = settings
         self.vocab_size = vocab_size
         self.tokens = make_token_embedding(vocab_size, model.embedding, model.initializer_range)

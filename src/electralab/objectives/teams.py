@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from electralab.batch import Batch
-from electralab.config import ConfigError, EncoderConfig, GeneratorSize, GeneratorSizes, MaskingConfig, bounded
+from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes, MaskingConfig, bounded
+from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, TransformerLayer, init_weights, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, gumbel_noise, mlm_loss,
@@ -89,7 +90,6 @@ class Teams(Objective):
 
     def __init__(self, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int, settings: Settings):
         super().__init__()
-        settings.check("methods.teams")   # also when built directly, not via method_settings
         self.settings = s = settings
         self.model_cfg = model
         self.tokens = make_token_embedding(vocab_size, model.embedding, model.initializer_range)

@@ -63,18 +63,10 @@ def check_preset(preset: str) -> None:
         raise ConfigError(f"preset={preset!r} is not a preset; choose one of {list(PRESETS)}")
 
 
-def _mlflow(tracking_uri: str):
-    import mlflow  # lazily: importing mlflow costs about a second
-
-    tracking.open_store(tracking_uri)
-    mlflow.set_tracking_uri(tracking_uri)
-    return mlflow
-
-
 def experiment_id(preset: str, tracking_uri: str) -> str:
     """The preset's experiment, or a ConfigError naming it, the store and the experiments it has."""
     check_preset(preset)
-    mlflow = _mlflow(tracking_uri)
+    mlflow = tracking.mlflow_module(tracking_uri)
     name = tracking.experiment_name(preset)
     found = mlflow.get_experiment_by_name(name)
     if found is None:
@@ -197,7 +189,7 @@ def fetch_results(preset: str, tracking_uri: str | None = None, state: Workspace
     (a workspace's outputs), or the latest of each when it is None; and the runs whose pretraining failed."""
     uri = tracking_uri or tracking.tracking_uri()
     experiment = experiment_id(preset, uri)
-    mlflow = _mlflow(uri)
+    mlflow = tracking.mlflow_module(uri)
     parents, pretrain = _search(mlflow, experiment, "finetune"), _search(mlflow, experiment, "pretrain")
     failed = _failed_runs(pretrain)
     stale = []

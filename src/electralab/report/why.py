@@ -16,6 +16,7 @@ import math
 
 import pandas as pd
 
+from electralab import tracking
 from electralab.finetune.tasks import TASKS
 from electralab.report.build import BuiltTable, Results, cell_lookup
 from electralab.report.specs import GLUE_AVG, GLUE_AVG_PARTS, Column
@@ -24,9 +25,7 @@ from electralab.report.specs import GLUE_AVG, GLUE_AVG_PARTS, Column
 def missing_reasons(results: Results) -> dict[tuple[str, str], str]:
     """(run, task) -> the reason a fine-tuning parent gave for not running (its `missing` tag), final checkpoint
     and all labels, the latest parent winning."""
-    import mlflow
-
-    mlflow.set_tracking_uri(results.tracking_uri)
+    mlflow = tracking.mlflow_module(results.tracking_uri)
     parents = mlflow.search_runs([results.experiment_id], filter_string="tags.stage = 'finetune'",
                                  output_format="pandas")
     if parents.empty or "tags.missing" not in parents:

@@ -21,25 +21,18 @@ killed before its first checkpoint is closed (KILLED) by the next attempt instea
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from electralab.io import fsync, read_json, sha256_file, write_json
 
 STATE, PREVIOUS, CHECKSUMS, MLFLOW = "state.pt", "state.prev.pt", "checksums.json", "mlflow.json"
-
-
-def fingerprint(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class Checkpointer:
@@ -143,7 +136,3 @@ def fraction_name(fraction: float) -> str:
 
 def write_meta(directory: Path, meta: dict) -> None:
     write_json(directory / "meta.json", meta)
-
-
-def read_meta(directory: Path) -> dict:
-    return read_json(directory / "meta.json")

@@ -33,15 +33,15 @@ from electralab.data.loader import PretrainLoader
 from electralab.data.progress import progress_bar
 from electralab.data.shards import read_shards_manifest
 from electralab.export import save_encoder
-from electralab.io import atomic_dir, write_json
+from electralab.io import atomic_dir, fingerprint, write_json
 from electralab.model.encoder import count_parameters, set_dropout
 from electralab.objectives import Objective, build_objective
 from electralab.runs import ResolvedRun
-from electralab.train.checkpoint import Checkpointer, fingerprint, write_meta
+from electralab.train.checkpoint import Checkpointer, write_meta
 from electralab.train.common import autocast, cpu_has_native_bf16, linear_schedule, make_adamw, resolve_precision
 from electralab.train.diagnostics import HeldOut, collapse, guard_active
 from electralab.train.perf import count_flops, peak_flops
-from electralab.train.tracker import Tracker
+from electralab.train.track import Tracker
 
 
 @dataclass(frozen=True)
