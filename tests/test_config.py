@@ -79,8 +79,8 @@ def test_masking_probabilities_must_leave_room():
 
 
 def test_a_runs_budget_picks_its_schedule_and_every_table_compares_at_one_budget():
-    from electralab.report.specs import CONTROL_RUN, TABLES
     from electralab.runs import resolve_all
+    from electralab.tables import CONTROL_RUN, TABLES
 
     params = load_params(ROOT / "params.yaml")
     runs, tiny = resolve_all(params), params.active

@@ -21,6 +21,7 @@ from electralab.export import save_encoder
 from electralab.io import write_json
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.runs import resolve_run
+from electralab.tables import REGISTRY
 
 from conftest import ROOT, mirror_root
 
@@ -126,17 +127,18 @@ def search(uri: str, run: str, stage: str):
 # --------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(tmp_path, models, env, mlflow_uri, local_ray):
+def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
+        tmp_path, models, env, mlflow_uri, local_ray, monkeypatch):
     from mlflow import MlflowClient
 
     from electralab.report.build import fetch_results
 
     root = make_project(tmp_path, models, "cocolm")
-    # cocolm is in coco-lm/fig3 (MNLI on checkpoints); give it coco-lm/fig7 too (label fractions, which the
-    # preset asks of cocolm_ablation): both extras in one stage
-    params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
-    params["runs"]["cocolm"]["tables"].append("coco-lm/fig7")
-    (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    # cocolm is in coco-lm/fig3 (MNLI on checkpoints); put it in coco-lm/fig7 too (label fractions, which the
+    # registry asks of cocolm_ablation): both extras in one stage
+    fig7 = REGISTRY["coco-lm/fig7"]
+    with_cocolm = {**fig7.series, "test": {"cocolm": "cocolm"}}
+    monkeypatch.setitem(REGISTRY, fig7.key, dataclasses.replace(fig7, series=with_cocolm))
     env(root)
     stage = load_stage()
     stage.run_stage("finetune", stage.main, ["--params", str(root / "params.yaml"), "cocolm"], stage.arguments)

@@ -13,7 +13,7 @@ import pytest
 from electralab.errors import ConfigError
 from electralab.report.build import build_table, fetch_results
 from electralab.report.render import to_markdown
-from electralab.report.specs import TABLES
+from electralab.tables import TABLES
 
 from report_helpers import COCOLM_MNLI, median_of
 

@@ -13,7 +13,7 @@ from electralab.report.build import Results, fetch_results
 from electralab.report.claims import (HOLDS, NO_VERDICT, NOISE, REVERSED, check_claims, claim_columns, comparisons,
                                       welch_p_value)
 from electralab.report.published import published_table
-from electralab.report.specs import TABLES
+from electralab.tables import TABLES
 
 SEEDS = (1, 2, 3, 4, 5)
 NOISE_OF_SEED = {1: -0.4, 2: -0.2, 3: 0.0, 4: 0.2, 5: 0.4}

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from electralab.report import stem
-from electralab.report.specs import TABLES
 from electralab.report.track import ROW_STAGE
+from electralab.tables import TABLES
 
 from report_helpers import CORPUS, _run, median_of
 

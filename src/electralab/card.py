@@ -82,7 +82,7 @@ def model_card(run: ResolvedRun, note: str, summary: dict, finetune: dict, seeds
         "(pretrained without them).", "",
         "## Training", "",
         f"- Method: `{run.method}` (params.yaml `runs.{run.name}`), seed {run.seed}; tables: "
-        f"{', '.join(run.spec.tables) or 'none'}.",
+        f"{', '.join(run.tables) or 'none'}.",
         f"- Preset and data: {note}.",
         f"- Pretraining: {trained}" + (f"; final loss {loss:.3f}." if loss is not None and math.isfinite(loss) else "."),
         f"- Tracking: {tracking}.", "",

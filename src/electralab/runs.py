@@ -1,13 +1,15 @@
 """The registry of named pretraining runs: one per row of the papers' tables and figures.
 
-params.yaml `runs:` maps a run name to its method, the switches that make it that row, the tables
-and figures it belongs to, and (for runs built on another run's output) the path it reads:
+params.yaml `runs:` maps a run name to its method, the switches that make it that row, and (for runs
+built on another run's output) the path it reads:
 
     cocolm_converged_aux:
       method: cocolm
-      tables: [coco-lm/table3]
       settings: {auxiliary: converged, auxiliary_checkpoint: models/cocolm/auxiliary.pt}
       reads: models/cocolm          # DVC dependency: pretrain@cocolm runs first
+
+The tables and figures a run belongs to are the ones whose rows name it in the table registry
+(electralab.tables), not a key of its own.
 
 A run resolves to everything its pretraining needs: method settings (methods.<method> defaults,
 then the run's `settings`), the encoder (the preset's `model`, then the run's `model`), generator
@@ -23,13 +25,9 @@ from electralab.config import (MAIN_BUDGET, EncoderConfig, GeneratorSizes, Param
                                deep_merge, to_dict)
 from electralab.errors import ConfigError
 from electralab.objectives import METHODS, method_settings
+from electralab.tables import REGISTRY, tables_of
 
-# Every table and figure whose rows are pretraining runs (the report's table specs use the same keys).
-TABLES = (
-    "coco-lm/table1", "coco-lm/table3", "coco-lm/fig3", "coco-lm/fig4", "coco-lm/fig7", "coco-lm/fig8",
-    "amos/table1", "amos/table2", "amos/table8", "amos/table9", "amos/fig3", "amos/fig4",
-    "teams/table1", "teams/table2", "teams/table3", "teams/table4", "teams/fig4", "teams/fig5",
-)
+TABLES = tuple(REGISTRY)   # every table and figure key (flows/reproduce.py --tables)
 
 DEFAULT_READS = "data/shards"   # every run reads the shards; a dependent run names another output
 
@@ -37,7 +35,6 @@ DEFAULT_READS = "data/shards"   # every run reads the shards; a dependent run na
 @dataclass(frozen=True)
 class RunSpec:
     method: str
-    tables: tuple[str, ...]
     settings: dict[str, Any] = field(default_factory=dict)   # overrides of methods.<method>
     model: dict[str, Any] = field(default_factory=dict)      # overrides of the preset's model
     reads: str = DEFAULT_READS                               # another run's output this run needs
@@ -48,9 +45,6 @@ class RunSpec:
     def check(self, where: str) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"{where}.method={self.method!r} is not a method; choose one of {list(METHODS)}")
-        for table in self.tables:
-            if table not in TABLES:
-                raise ConfigError(f"{where}.tables: {table!r} is not a table; known: {', '.join(TABLES)}")
 
 
 @dataclass(frozen=True)
@@ -68,13 +62,17 @@ class ResolvedRun:
         return self.spec.method
 
     @property
+    def tables(self) -> tuple[str, ...]:
+        return tables_of(self.name)
+
+    @property
     def seed(self) -> int:
         return self.pretrain.seed if self.spec.seed is None else self.spec.seed
 
     def as_params(self) -> dict[str, Any]:
         """Everything that defines the run, as a nested plain dict (MLflow params, checkpoint meta)."""
         return {"run": self.name, "method": self.method, "preset": self.preset, "seed": self.seed, "budget": self.spec.budget,
-                "tables": list(self.spec.tables), "settings": to_dict(self.settings),
+                "tables": list(self.tables), "settings": to_dict(self.settings),
                 "model": to_dict(self.model), "generators": to_dict(self.generators),
                 "pretrain": to_dict(self.pretrain)}
 
@@ -89,8 +87,16 @@ def producer_of(reads: str) -> str | None:
     return None
 
 
+def _run_spec(params: Params, name: str) -> RunSpec:
+    where, value = f"runs.{name}", params.runs[name]
+    if isinstance(value, dict) and "tables" in value:   # the key runs had before the table registry
+        raise ConfigError(f"{where}.tables: a run's tables are the ones that name it in "
+                          f"src/electralab/tables.py; remove the key and add the run's row there")
+    return build(RunSpec, value, where)
+
+
 def run_specs(params: Params) -> dict[str, RunSpec]:
-    return {name: build(RunSpec, value, f"runs.{name}") for name, value in params.runs.items()}
+    return {name: _run_spec(params, name) for name in params.runs}
 
 
 def check_run(name: str, runs: Iterable[str], where: str = "", source: str = "params.yaml") -> None:
@@ -106,7 +112,7 @@ def check_run(name: str, runs: Iterable[str], where: str = "", source: str = "pa
 def resolve_run(params: Params, name: str) -> ResolvedRun:
     check_run(name, params.runs)
     where = f"runs.{name}"
-    spec = build(RunSpec, params.runs[name], where)
+    spec = _run_spec(params, name)
     defaults = params.methods.get(spec.method) or {}
     if not isinstance(defaults, dict):
         raise ConfigError(f"methods.{spec.method}: expected a mapping of settings")
@@ -145,7 +151,7 @@ def runs_for_tables(params: Params, tables: list[str]) -> list[str]:
     if unknown:
         raise ConfigError(f"table {unknown[0]!r} is not a table; known: {', '.join(TABLES)}")
     specs = run_specs(params)
-    return with_producers(specs, [name for name, spec in specs.items() if set(spec.tables) & set(tables)])
+    return with_producers(specs, [name for name in specs if set(tables_of(name)) & set(tables)])
 
 
 def with_producers(specs: dict[str, RunSpec], names: list[str]) -> list[str]:

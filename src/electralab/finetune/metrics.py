@@ -114,7 +114,7 @@ def glue_metrics(task: str, outputs: np.ndarray, labels: np.ndarray, suffix: str
     return {f"{name}{suffix}": value for name, value in out.items()}
 
 
-# The GLUE average's part of each task (COCO-LM Table 1 caption; report/specs.py GLUE_AVG_PARTS).
+# The GLUE average's part of each task (COCO-LM Table 1 caption; electralab.tables.GLUE_AVG_PARTS).
 GLUE_AVERAGE_METRICS = {"mnli": "accuracy", "qqp": "accuracy", "qnli": "accuracy", "sst2": "accuracy",
                         "cola": "mcc", "rte": "accuracy", "mrpc": "accuracy", "stsb": "spearman"}
 

@@ -4,9 +4,10 @@
                        data_root())       # -> metrics/finetune/<run>.json
 
 1. Plan the groups (one MLflow parent each): every task of `tasks` on the final encoder with all labels;
-   runs in coco-lm/fig3 or amos/fig4 add `efficiency_tasks` on each pretraining fraction checkpoint
-   (models/<run>/fractions/<pct>/encoder), runs in coco-lm/fig7 add `few_shot_tasks` on each of
-   `few_shot_fractions` of the training labels.
+   runs of an efficiency figure of the table registry (electralab.tables: COCO-LM Fig. 3, AMOS Fig. 4) add
+   `efficiency_tasks` on each pretraining fraction checkpoint (models/<run>/fractions/<pct>/encoder), runs
+   of a few-shot figure (COCO-LM Fig. 7) add `few_shot_tasks` on each of `few_shot_fractions` of the
+   training labels.
 2. Read and tokenise each task once (the run's own vocabulary); a missing split stops the stage before any
    trial, unless it is a known gap of the offline mirror (QQP dev) or allowed (ELECTRALAB_ALLOW_MISSING=1):
    then the task is recorded as missing, with the reason.
@@ -42,10 +43,8 @@ from electralab.finetune.track import FinetuneTracker
 from electralab.finetune.trial import TrialSettings
 from electralab.io import fingerprint, read_json, sha256_file
 from electralab.runs import ResolvedRun
+from electralab.tables import in_efficiency_figure, in_few_shot_figure
 from electralab.tracking import finite
-
-EFFICIENCY_TABLES = ("coco-lm/fig3", "amos/fig4")   # MNLI against pretraining hours
-FEW_SHOT_TABLES = ("coco-lm/fig7",)                 # MNLI with a fraction of its labels
 
 
 @dataclass
@@ -72,9 +71,8 @@ def plan(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path) -> Plan:
         made = read_json(summary)
         out.hours[FINAL] = {k: v for k, v in made.items() if k in ("wall_hours", "device_hours")}
         out.pretrain_run_id = str(made.get("mlflow_run_id", ""))
-    tables = set(run.spec.tables)
     extras: list[Group] = []
-    if tables & set(EFFICIENCY_TABLES):
+    if in_efficiency_figure(run.name):
         fractions = sorted(p for p in (model_dir / "fractions").glob("*") if (p / "meta.json").is_file())
         for directory in fractions:
             meta = read_json(directory / "meta.json")
@@ -87,7 +85,7 @@ def plan(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path) -> Plan:
             for task in cfg.efficiency_tasks:
                 out.missing[f"{task}@checkpoints"] = (f"no pretraining fraction checkpoints in models/{run.name}/fractions "
                                                       f"(presets.<preset>.pretrain.checkpoint_fractions)")
-    if tables & set(FEW_SHOT_TABLES):
+    if in_few_shot_figure(run.name):
         extras += [Group(task, label_fraction=f) for task in cfg.few_shot_tasks for f in cfg.few_shot_fractions if f < 1]
     if cfg.extras_grid == "selected":
         orphans = sorted({g.task for g in extras} - set(cfg.tasks))
@@ -285,4 +283,4 @@ def summarize(selections: dict[Group, Selection], missing: dict[str, str], secon
     return out
 
 
-__all__ = ["EFFICIENCY_TABLES", "FEW_SHOT_TABLES", "GridRun", "Plan", "finetune", "load_data", "plan", "summarize"]
+__all__ = ["GridRun", "Plan", "finetune", "load_data", "plan", "summarize"]

@@ -32,7 +32,7 @@ class FinetuneTracker:
         self.client = tracking.client()
         self.experiment = tracking.ensure_experiment(run.preset)
         # git_sha costs a subprocess: the tags are built once and copied per run.
-        self.tags = tracking.run_tags(run=run.name, method=run.method, tables=run.spec.tables, preset=run.preset,
+        self.tags = tracking.run_tags(run=run.name, method=run.method, tables=run.tables, preset=run.preset,
                                       seed=",".join(map(str, seeds)), stage="finetune",
                                       pretrain_run_id=pretrain_run_id)
         self.state_path = Path(state_path)

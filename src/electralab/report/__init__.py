@@ -35,8 +35,8 @@ from electralab.report.build import (BuiltTable, Results, WorkspaceState, build_
                                      check_specs, fetch_results, glue_average, metric_history)
 from electralab.report.claims import HOLDS, NOISE, REVERSED, check_claims
 from electralab.report.render import claims_details, claims_markdown, page_html, table_html, to_csv, to_markdown
-from electralab.report.specs import CONTROL_RUN, GLUE_AVG_PARTS, SQUAD2, TABLES
 from electralab.report.why import explain, missing_reasons
+from electralab.tables import CONTROL_RUN, FIGURES, GLUE_AVG_PARTS, SQUAD2, TABLES
 
 
 @dataclass(frozen=True)
@@ -105,18 +105,18 @@ def cosines(results: Results, sources: Sources) -> pd.DataFrame:
 def make_figures(results: Results, sources: Sources):
     """Every figure: key -> (matplotlib Figure, its series as a DataFrame for DVC plots or None)."""
     preset = results.preset
+    coco, amos = FIGURES["coco-lm/fig3"], FIGURES["amos/fig4"]   # MNLI against pretraining hours
     history_runs = sorted({r for s in F.SCL_SERIES.values() for r, _, _ in s} | {r for r, _ in F.COPY_CLM_RUNS}
                           | {r for r, _, _ in F.CURRICULUM_SERIES} | {r for r, _, _ in F.MIX_SERIES}
-                          | {"amos", "cocolm", "mlm", "electra"})
+                          | {*coco.runs(), *amos.runs()})
     history = metric_history(results, history_runs, HISTORY_METRICS)
     scl = [s for series in F.SCL_SERIES.values() for s in series]
     copy_clm = [(run, metric, label) for _, metric in F.COPY_CLM_PANELS for run, label in F.COPY_CLM_RUNS]
-    hours = lambda runs: F.efficiency_points(results.cells, results.pretrain, history, runs)  # noqa: E731
-    coco_hours = hours(["cocolm", "mlm", "electra"])
-    amos_hours = hours(["amos", "cocolm", "electra", "mlm"])
-    crop = F.sweep_points(results.cells, {"COCO-LM": F.CROP_RUNS}, [F.MNLI_M, F.MNLI_MM, F.GLUE_COLUMN])
-    depth = F.sweep_points(results.cells, {"TEAMS": F.GENERATOR_DEPTH_RUNS}, F.SWEEP_COLUMNS)
-    negatives = F.sweep_points(results.cells, F.NEGATIVES_RUNS, F.SWEEP_COLUMNS)
+    coco_hours, amos_hours = (F.efficiency_points(results.cells, results.pretrain, history, figure.runs())
+                              for figure in (coco, amos))
+    crop = F.sweep_points(results.cells, FIGURES["coco-lm/fig4"].series, [F.MNLI_M, F.MNLI_MM, F.GLUE_COLUMN])
+    depth = F.sweep_points(results.cells, FIGURES["teams/fig4"].series, F.SWEEP_COLUMNS)
+    negatives = F.sweep_points(results.cells, FIGURES["teams/fig5"].series, F.SWEEP_COLUMNS)
     lookup = cell_lookup(results.final_cells())
     reference = F.NEGATIVES_REFERENCE   # ELECTRA at the ablation budget: Fig. 5's reference line
     electra = {F.GLUE_COLUMN.name: glue_average(lookup, reference),
@@ -127,14 +127,14 @@ def make_figures(results: Results, sources: Sources):
     crop_columns, sweep_columns = [F.MNLI_M, F.MNLI_MM, *glue], [*glue, SQUAD2[1]]
     return {
         "coco-lm/fig1-5": (F.cosine_figure(cos, preset), None),
-        "coco-lm/fig3": (F.efficiency_figure(coco_hours, "cocolm", {"mlm": "RoBERTa (Ours)", "electra": "ELECTRA (Ours)"},
+        "coco-lm/fig3": (F.efficiency_figure(coco_hours, coco.subject, coco.series["end points"],
                                              f"COCO-LM Fig. 3: MNLI dev vs pretraining hours ({preset} preset)"), coco_hours),
         "coco-lm/fig4": (F.crop_figure(crop, preset, crop_columns), F.sweep_frame(crop)),
         "coco-lm/fig7a": (F.scl_cosine_figure(history, preset), F.history_frame(history, scl)),
         "coco-lm/fig8": (F.copy_clm_figure(history, preset), F.history_frame(history, copy_clm)),
         "amos/fig3a": (F.mix_weights_figure(history, preset), F.history_frame(history, F.MIX_SERIES)),
         "amos/fig3b": (F.curriculum_figure(history, preset), F.history_frame(history, F.CURRICULUM_SERIES)),
-        "amos/fig4": (F.efficiency_figure(amos_hours, "amos", {"cocolm": "COCO-LM", "electra": "ELECTRA", "mlm": "RoBERTa"},
+        "amos/fig4": (F.efficiency_figure(amos_hours, amos.subject, amos.series["end points"],
                                           f"AMOS Fig. 4: MNLI dev vs pretraining hours ({preset} preset)"), amos_hours),
         "teams/fig4": (F.generator_depth_figure(depth, preset, sweep_columns), F.sweep_frame(depth)),
         "teams/fig5": (F.negatives_figure(negatives, electra, preset, sweep_columns), F.sweep_frame(negatives)),

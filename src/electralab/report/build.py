@@ -30,7 +30,7 @@ from electralab import tracking
 from electralab.config import PRESETS
 from electralab.errors import ConfigError
 from electralab.report.published import published_table
-from electralab.report.specs import GLUE_AVG, GLUE_AVG_PARTS, TABLES, Column, TableSpec
+from electralab.tables import GLUE_AVG, GLUE_AVG_PARTS, REGISTRY, TABLES, Column, TableSpec
 
 STATS = ("median", "std", "min", "max")
 FINAL = "final"   # the `checkpoint` tag of a fine-tuning parent on the finished pretraining run
@@ -317,12 +317,14 @@ def build_tables(results: Results) -> dict[str, BuiltTable]:
 
 
 def check_specs(registry_runs) -> None:
-    """Every run a table names must be in params.yaml's registry (a renamed run would leave a row empty)."""
+    """Every run a table or figure names must be in params.yaml's registry (a renamed run would leave a row
+    empty)."""
     registry = set(registry_runs)
-    for spec in TABLES.values():
-        for run in spec.runs():
+    for key, entry in REGISTRY.items():
+        for run in entry.runs():
             if run not in registry:
-                raise ConfigError(f"report table {spec.key} names run {run!r}, which is not in params.yaml runs "
+                kind = "table" if key in TABLES else "figure"
+                raise ConfigError(f"report {kind} {key} names run {run!r}, which is not in params.yaml runs "
                                   f"(known: {', '.join(sorted(registry))})")
 
 

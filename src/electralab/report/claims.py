@@ -31,7 +31,7 @@ import pandas as pd
 
 from electralab.report.build import Results
 from electralab.report.published import published_table
-from electralab.report.specs import CONTROL_RUN, GLUE_AVG, GLUE_AVG_PARTS, Column, TableSpec
+from electralab.tables import CONTROL_RUN, GLUE_AVG, GLUE_AVG_PARTS, Column, TableSpec
 
 ALPHA = 0.05
 HOLDS, REVERSED, NOISE, NO_VERDICT = "holds", "reversed", "within noise", "—"

@@ -24,7 +24,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from electralab.report.build import FINAL, cell_lookup, cell_value, final_cells  # noqa: E402
-from electralab.report.specs import GLUE_AVG, MNLI_M, MNLI_MM, SQUAD2, Column  # noqa: E402
+from electralab.tables import FIGURES, GLUE_AVG, MNLI_M, MNLI_MM, SQUAD2, Column  # noqa: E402
 
 NO_DATA = "no data yet"
 Series = tuple[str, str, str]   # (run, metric, legend label)
@@ -91,12 +91,10 @@ def history_frame(history: pd.DataFrame, series: Iterable[Series]) -> pd.DataFra
     return wide.reindex(columns=names).reset_index()
 
 
-SCL_SERIES = {
-    "(a) with SCL (cocolm_ablation)": [("cocolm_ablation", "scl_pos_cos", "positive pairs"),
-                                       ("cocolm_ablation", "scl_neg_cos", "negative pairs")],
-    "(b) without SCL (cocolm_clm_only)": [("cocolm_clm_only", "scl_pos_cos", "positive pairs"),
-                                          ("cocolm_clm_only", "scl_neg_cos", "negative pairs")],
-}
+# The runs of every figure and their labels or x values come from the table registry (electralab.tables).
+SCL_SERIES = {f"{panel} ({run})": [(run, "scl_pos_cos", "positive pairs"),
+                                   (run, "scl_neg_cos", "negative pairs")]
+              for run, panel in FIGURES["coco-lm/fig7"].series["SCL"].items()}
 
 
 def scl_cosine_figure(history: pd.DataFrame, preset: str) -> Figure:
@@ -107,7 +105,7 @@ def scl_cosine_figure(history: pd.DataFrame, preset: str) -> Figure:
 
 COPY_CLM_PANELS = [("(a) Copy Acc. (Replaced)", "copy_acc_replaced"), ("(b) Copy Acc. (Original)", "copy_acc_original"),
                    ("(c) CLM Acc. (Replaced)", "clm_acc_replaced"), ("(d) CLM Acc. (Original)", "clm_acc_original")]
-COPY_CLM_RUNS = [("cocolm_ablation", "CLM"), ("cocolm_all_token_lm", "All-Token MLM")]
+COPY_CLM_RUNS = list(FIGURES["coco-lm/fig8"].series["LM"].items())
 
 
 def copy_clm_figure(history: pd.DataFrame, preset: str) -> Figure:
@@ -116,19 +114,19 @@ def copy_clm_figure(history: pd.DataFrame, preset: str) -> Figure:
     return history_figure(history, panels, f"COCO-LM Fig. 8: copy and LM accuracy ({preset} preset)")
 
 
-MIX_SERIES = [("amos_ablation", f"mix_weight_exit{d}", f"layer {d}") for d in (4, 6, 8)]
+MIX_PANELS = FIGURES["amos/fig3"].series["mixture"]   # run -> its panel's title
+MIX_SERIES = [(run, f"mix_weight_exit{d}", f"layer {d}") for run in MIX_PANELS for d in (4, 6, 8)]
 
 
 def mix_weights_figure(history: pd.DataFrame, preset: str) -> Figure:
     """AMOS Fig. 3a: the mixture weight of each generator exit over pretraining."""
-    return history_figure(history, [("(a) mixture weights (amos_ablation)", "mixture weight", MIX_SERIES)],
-                          f"AMOS Fig. 3a: mixture weights per exit ({preset} preset)")
+    panels = [(f"{title} ({run})", "mixture weight", [s for s in MIX_SERIES if s[0] == run])
+              for run, title in MIX_PANELS.items()]
+    return history_figure(history, panels, f"AMOS Fig. 3a: mixture weights per exit ({preset} preset)")
 
 
-CURRICULUM_SERIES = [("amos_ablation", "rtd_acc_replaced", "AMOS"), ("amos_gen4", "rtd_acc_replaced", "4-layer gen."),
-                     ("amos_gen8", "rtd_acc_replaced", "8-layer gen."),
-                     ("amos_random_layer", "rtd_acc_replaced", "Random Layer"),
-                     ("amos_layer_switch", "rtd_acc_replaced", "Layer Switch")]
+CURRICULUM_SERIES = [(run, "rtd_acc_replaced", label)
+                     for run, label in FIGURES["amos/fig3"].series["curriculum"].items()]
 
 
 def curriculum_figure(history: pd.DataFrame, preset: str) -> Figure:
@@ -241,16 +239,10 @@ def sweep_frame(points: pd.DataFrame) -> pd.DataFrame:
     return wide.reindex(columns=order).reset_index()
 
 
-CROP_RUNS = {"cocolm_crop70": 70, "cocolm_crop80": 80, "cocolm_ablation": 90, "cocolm_crop100": 100}
-GENERATOR_DEPTH_RUNS = {"teams_gen2": 2, "teams_gen4": 4, "teams_ablation": 6, "teams_gen8": 8, "teams_gen10": 10,
-                        "teams_gen12": 12}
-NEGATIVES_REFERENCE = "electra_ablation"   # TEAMS Fig. 5's ELECTRA line
-NEGATIVES_RUNS = {
-    "Sampled": {"teams_sampled_k1": 1, "teams_sampled_k3": 3, "teams_ablation": 5, "teams_sampled_k10": 10,
-                "teams_sampled_k50": 50},
-    "Hardest": {"teams_hardest_k1": 1, "teams_hardest_k3": 3, "teams_hardest_k5": 5, "teams_hardest_k10": 10,
-                "teams_hardest_k50": 50},
-}
+CROP_RUNS = FIGURES["coco-lm/fig4"].series["COCO-LM"]
+GENERATOR_DEPTH_RUNS = FIGURES["teams/fig4"].series["TEAMS"]
+NEGATIVES_REFERENCE = FIGURES["teams/fig5"].reference   # TEAMS Fig. 5's ELECTRA line
+NEGATIVES_RUNS = FIGURES["teams/fig5"].series
 SWEEP_COLUMNS = (GLUE_COLUMN, SQUAD2[1])
 
 

@@ -6,7 +6,7 @@ One line per printed number, transcribed from ../shared/papers/ (coco-lm.md, amo
     coco-lm,table3,base,Pretraining Task,RTD Only,MNLI-m,88.4,
     amos,table8,base,Curriculum Setup,w. random layer,CoLA,70.2,1.6
 
-* paper/table: `coco-lm`/`table1`, ... (the keys of electralab.runs.TABLES are `<paper>/<table>`).
+* paper/table: `coco-lm`/`table1`, ... (the keys of electralab.tables.TABLES are `<paper>/<table>`).
 * setting: the paper's training setting of the row (`base`, `base++`, `large++`; TEAMS `small`,
   `small++`, `base`, `base++`, `large`). TEAMS Table 4 prints "No Tie" twice, once per setting.
 * group: the paper's row group (Table 3 "Pretraining Task", ...), empty where the table has none.

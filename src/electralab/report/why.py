@@ -19,7 +19,7 @@ import pandas as pd
 from electralab import tracking
 from electralab.finetune.tasks import TASKS
 from electralab.report.build import BuiltTable, Results, cell_lookup
-from electralab.report.specs import GLUE_AVG, GLUE_AVG_PARTS, Column
+from electralab.tables import GLUE_AVG, GLUE_AVG_PARTS, Column
 
 
 def missing_reasons(results: Results) -> dict[tuple[str, str], str]:

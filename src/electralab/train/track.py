@@ -19,7 +19,7 @@ from electralab.runs import ResolvedRun
 
 def _tags(run: ResolvedRun) -> dict[str, str]:
     # threads: what this process trains with (electralab.cli.set_threads), for reading tokens/s across machines
-    return tracking.run_tags(run=run.name, method=run.method, tables=run.spec.tables, preset=run.preset,
+    return tracking.run_tags(run=run.name, method=run.method, tables=run.tables, preset=run.preset,
                              seed=run.seed, stage="pretrain", threads=torch.get_num_threads())
 
 

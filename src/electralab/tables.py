@@ -1,5 +1,14 @@
-"""Which runs are the rows and which fine-tuning metrics the columns of every table, in the papers'
-order and naming (docs/methods.md maps each row to its run and parameter values).
+"""The table registry: every table and figure of the papers that our runs rebuild, each with its rows
+(or series) and the run behind each, in the papers' order and naming. It is the one place that says which
+run belongs where; everything else is derived from it:
+
+* a run's tables and figures (`tables_of`): the runs' MLflow tag `tables` (electralab.runs),
+* the runs a set of tables needs (electralab.runs.runs_for_tables, flows/reproduce.py --tables),
+* the report's tables and figures (electralab.report),
+* a run's fine-tuning extras (`in_efficiency_figure`, `in_few_shot_figure`; electralab.finetune.protocol).
+
+Adding an ablation row is two edits: its Row (or series point) here and its run in params.yaml `runs:`
+(docs/methods.md maps each row to its run and parameter values, and says how to add one).
 
 A table is compared with one of the paper's settings (`setting_for[preset]`): COCO-LM Table 1 under
 the tiny/small/base presets is compared with its base-setting rows, under base_pp with base++.
@@ -10,13 +19,16 @@ we train that the paper does not print in that setting (shown with "—" for the
 Columns name a fine-tuning task and metric of the MLflow contract (docs/tracking.md): the parent run
 of (run, task) logs `median_<metric>`, `std_<metric>`, `min_<metric>`, `max_<metric>`. Task None
 with metric "glue_avg" is the GLUE average (COCO-LM Table 1 caption), computed from our medians.
+
+A figure's `series` name its runs: by the x value each stands for (COCO-LM Fig. 4, TEAMS Figs. 4, 5) or by
+its label (the others); electralab.report.figures draws them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from electralab.config import PRESETS
 
@@ -43,7 +55,7 @@ class Row:
 
 @dataclass(frozen=True)
 class TableSpec:
-    key: str                                 # "coco-lm/table3": electralab.runs.TABLES and the runs' `tables` tag
+    key: str                                 # "coco-lm/table3": the runs' `tables` tag
     caption: str                             # the paper's caption, shortened
     columns: tuple[Column, ...]
     rows: Mapping[str, tuple[Row, ...]]      # published setting -> rows in the paper's order
@@ -281,6 +293,85 @@ TEAMS_TABLE4 = TableSpec(
                      ours("teams_full_tie", "Full Tie"), Row("No Tie", "teams_no_tie"))},
 )
 
+
+# --- the figures -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FigureSpec:
+    key: str                                   # "coco-lm/fig4": the runs' `tables` tag, like a table's key
+    series: Mapping[str, Mapping[str, Any]]    # series -> {run: the x value it stands for, or its label}
+    subject: str | None = None                 # the paper's method, drawn as a curve against the series
+    reference: str | None = None               # a run drawn as a reference line
+    # What the figure's runs are fine-tuned on besides the main grid (electralab.finetune.protocol):
+    efficiency: bool = False   # finetune.efficiency_tasks on each pretraining fraction checkpoint
+    few_shot: bool = False     # finetune.few_shot_tasks on each of finetune.few_shot_fractions of the labels
+
+    @property
+    def paper(self) -> str:
+        return self.key.split("/")[0]
+
+    def runs(self) -> list[str]:
+        """Every run the figure draws (unique, in order)."""
+        named = [self.subject, *(run for runs in self.series.values() for run in runs), self.reference]
+        return list(dict.fromkeys(run for run in named if run))
+
+
+COCO_LM_FIG3 = FigureSpec(   # MNLI dev accuracy against pretraining hours; the baselines' end points marked
+    key="coco-lm/fig3",
+    subject="cocolm",
+    series={"end points": {"mlm": "RoBERTa (Ours)", "electra": "ELECTRA (Ours)"}},
+    efficiency=True,
+)
+
+COCO_LM_FIG4 = FigureSpec(   # GLUE dev results against the crop fraction (% of X^orig kept; 100: no cropping)
+    key="coco-lm/fig4",
+    series={"COCO-LM": {"cocolm_crop70": 70, "cocolm_crop80": 80, "cocolm_ablation": 90,
+                        "cocolm_crop100": 100}},
+)
+
+COCO_LM_FIG7 = FigureSpec(   # (a, b) [CLS] cosine of SCL pairs, a panel per run; (c, d) few-shot MNLI
+    key="coco-lm/fig7",
+    series={"SCL": {"cocolm_ablation": "(a) with SCL", "cocolm_clm_only": "(b) without SCL"}},
+    few_shot=True,
+)
+
+COCO_LM_FIG8 = FigureSpec(   # copy and LM accuracy on replaced and original tokens
+    key="coco-lm/fig8",
+    series={"LM": {"cocolm_ablation": "CLM", "cocolm_all_token_lm": "All-Token MLM"}},
+)
+
+AMOS_FIG3 = FigureSpec(      # (a) the mixture weight of each exit; (b) RTD accuracy on replaced tokens
+    key="amos/fig3",
+    series={"mixture": {"amos_ablation": "(a) mixture weights"},
+            "curriculum": {"amos_ablation": "AMOS", "amos_gen4": "4-layer gen.", "amos_gen8": "8-layer gen.",
+                           "amos_random_layer": "Random Layer", "amos_layer_switch": "Layer Switch"}},
+)
+
+AMOS_FIG4 = FigureSpec(      # MNLI dev accuracy against pretraining hours; the baselines' end points marked
+    key="amos/fig4",
+    subject="amos",
+    series={"end points": {"cocolm": "COCO-LM", "electra": "ELECTRA", "mlm": "RoBERTa"}},
+    efficiency=True,
+)
+
+TEAMS_FIG4 = FigureSpec(     # results against the number of generator layers (6 is TEAMS; bottom half tied)
+    key="teams/fig4",
+    series={"TEAMS": {"teams_gen2": 2, "teams_gen4": 4, "teams_ablation": 6, "teams_gen8": 8,
+                      "teams_gen10": 10, "teams_gen12": 12}},
+)
+
+TEAMS_FIG5 = FigureSpec(     # "sampled" vs "hardest" negatives against K; ELECTRA as a reference line
+    key="teams/fig5",
+    series={"Sampled": {"teams_sampled_k1": 1, "teams_sampled_k3": 3, "teams_ablation": 5,
+                        "teams_sampled_k10": 10, "teams_sampled_k50": 50},
+            "Hardest": {"teams_hardest_k1": 1, "teams_hardest_k3": 3, "teams_hardest_k5": 5,
+                        "teams_hardest_k10": 10, "teams_hardest_k50": 50}},
+    reference="electra_ablation",
+)
+
+
+# --- the registry ----------------------------------------------------------------------------------
+
 def with_control(spec: TableSpec) -> TableSpec:
     return dataclasses.replace(spec, rows={setting: (*rows, CONTROL_ROW) for setting, rows in spec.rows.items()})
 
@@ -289,6 +380,32 @@ TABLES: dict[str, TableSpec] = {spec.key: with_control(spec) for spec in (
     COCO_LM_TABLE1, COCO_LM_TABLE3, AMOS_TABLE1, AMOS_TABLE2, AMOS_TABLE8, AMOS_TABLE9,
     TEAMS_TABLE1, TEAMS_TABLE2, TEAMS_TABLE3, TEAMS_TABLE4)}
 
+FIGURES: dict[str, FigureSpec] = {spec.key: spec for spec in (
+    COCO_LM_FIG3, COCO_LM_FIG4, COCO_LM_FIG7, COCO_LM_FIG8, AMOS_FIG3, AMOS_FIG4, TEAMS_FIG4, TEAMS_FIG5)}
 
-__all__ = ["AVG", "CONTROL_ROW", "CONTROL_RUN", "Column", "GLUE_AVG", "GLUE_AVG_PARTS", "GLUE_TASKS", "Row", "SQUAD1", "SQUAD2", "TABLES",
-           "TableSpec"]
+# Every table and figure, paper by paper, its tables before its figures: the order of a run's `tables` tag.
+REGISTRY: dict[str, TableSpec | FigureSpec] = {
+    key: entry for paper in PAPER_TITLES for key, entry in (TABLES | FIGURES).items() if entry.paper == paper}
+
+
+# The functions below read REGISTRY when called (not a copy made at import), so that a test can put a run
+# into a figure with monkeypatch.setitem.
+
+def tables_of(run: str) -> tuple[str, ...]:
+    """The tables and figures `run` is in, in REGISTRY order (its MLflow tag `tables`)."""
+    return tuple(key for key, entry in REGISTRY.items() if run in entry.runs())
+
+
+def in_efficiency_figure(run: str) -> bool:
+    """Whether `run` also fine-tunes efficiency_tasks on its pretraining fraction checkpoints."""
+    return any(isinstance(e, FigureSpec) and e.efficiency and run in e.runs() for e in REGISTRY.values())
+
+
+def in_few_shot_figure(run: str) -> bool:
+    """Whether `run` also fine-tunes few_shot_tasks on fractions of its labels."""
+    return any(isinstance(e, FigureSpec) and e.few_shot and run in e.runs() for e in REGISTRY.values())
+
+
+__all__ = ["AVG", "CONTROL_ROW", "CONTROL_RUN", "Column", "FIGURES", "FigureSpec", "GLUE_AVG",
+           "GLUE_AVG_PARTS", "GLUE_TASKS", "REGISTRY", "Row", "SQUAD1", "SQUAD2", "TABLES", "TableSpec",
+           "in_efficiency_figure", "in_few_shot_figure", "tables_of"]

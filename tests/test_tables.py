@@ -1,0 +1,62 @@
+"""The table registry (electralab.tables) is the one place that says which run belongs where: a run's
+tables, the runs of a table and a run's fine-tuning extras follow from it, and a new ablation row is a row
+there plus its run in params.yaml."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from electralab.config import load_params, parse_params
+from electralab.errors import ConfigError
+from electralab.runs import resolve_all, runs_for_tables
+from electralab.tables import REGISTRY, TABLES, Row, in_efficiency_figure, in_few_shot_figure, tables_of
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = load_params(ROOT / "params.yaml")
+
+
+def test_a_runs_tables_are_the_tables_and_figures_that_name_it():
+    runs = resolve_all(PARAMS)
+    assert runs["mlm"].tables == ("coco-lm/table1", "coco-lm/fig3", "amos/table1", "amos/fig4", "teams/table1")
+    assert runs["cocolm_clm_only"].tables == ("coco-lm/table3", "coco-lm/fig7")
+    assert runs["control"].tables == tuple(TABLES)      # the last row of every table, in no figure
+    assert runs["mlm"].as_params()["tables"] == list(runs["mlm"].tables)
+    assert [run for run in PARAMS.runs if not tables_of(run)] == [], "a run no table or figure needs"
+
+
+def test_the_fine_tuning_extras_follow_the_figures():
+    assert [run for run in PARAMS.runs if in_efficiency_figure(run)] == ["mlm", "electra", "cocolm", "amos"]
+    assert [run for run in PARAMS.runs if in_few_shot_figure(run)] == ["cocolm_ablation", "cocolm_clm_only"]
+
+
+def test_a_new_row_is_a_row_in_the_registry_and_a_run_in_params(monkeypatch):
+    raw = copy.deepcopy(PARAMS.raw)
+    raw["runs"]["cocolm_scl_cold"] = {"method": "cocolm", "budget": "ablation", "reads": "data/shards",
+                                      "settings": {"scl_temperature": 0.5}}
+    table3 = REGISTRY["coco-lm/table3"]
+    rows = {"base": (*table3.rows["base"], Row(None, "cocolm_scl_cold", "SCL at temperature 0.5"))}
+    monkeypatch.setitem(REGISTRY, table3.key, dataclasses.replace(table3, rows=rows))
+    params = parse_params(raw)
+    assert resolve_all(params)["cocolm_scl_cold"].tables == ("coco-lm/table3",)
+    assert "cocolm_scl_cold" in runs_for_tables(params, ["coco-lm/table3"])
+
+
+def test_a_run_naming_its_tables_is_told_where_they_are_now():
+    raw = copy.deepcopy(PARAMS.raw)
+    raw["runs"]["mlm"]["tables"] = ["coco-lm/table1"]
+    with pytest.raises(ConfigError, match=r"runs.mlm.tables: .* src/electralab/tables.py; remove the key"):
+        resolve_all(parse_params(raw))
+
+
+def test_the_stages_whose_outputs_follow_the_registry_depend_on_it():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    assert "src/electralab/tables.py" in stages["finetune"]["do"]["deps"]   # the extras
+    assert "src/electralab/tables.py" in stages["export"]["do"]["deps"]     # the model card's tables
+    assert "src/electralab/tables.py" in stages["report"]["deps"]
+    # Not pretraining: a run's tables only label it in MLflow, and a new row must not retrain every run.
+    assert "src/electralab/tables.py" not in stages["pretrain"]["do"]["deps"]
