@@ -297,3 +297,20 @@ def test_a_few_adamw_steps_lower_the_loss_and_same_seed_same_numbers(method):
     assert all(b < a for a, b in zip(first, first[1:])), first          # every step lowers it
     assert train_losses(build, batch, steps=6) == first               # bit-identical on a fresh build
     assert train_losses(build, batch, steps=6, seed=1) != first       # and the seed matters
+
+
+@pytest.mark.parametrize("method, head, share", [("electra", "rtd_head", 0.15 * 0.85), ("amos", "rtd_head", 0.15 * 0.9),
+                                                 ("teams", "rtd_head", 0.15 * 0.9),
+                                                 ("cocolm", "copy_head", 1 - 0.15 * 0.9)])
+def test_a_base_rate_detector_bias_starts_each_detector_at_its_labels_share(method, head, share):
+    # model.detector_bias: "zero" is the papers' init (p = 0.5 for every token); "base_rate" starts the RTD
+    # heads at the share of replaced tokens and COCO-LM's copy head at the share of originals.
+    def output_bias(bias: str) -> float:
+        torch.manual_seed(0)
+        objective = build_objective(method, method_settings(method, {}), tiny_model(detector_bias=bias),
+                                    tiny_generators(), VOCAB)
+        linear = [m for m in getattr(objective, head).net.modules() if isinstance(m, torch.nn.Linear)][-1]
+        return float(torch.sigmoid(linear.bias))
+
+    assert output_bias("zero") == 0.5
+    assert output_bias("base_rate") == pytest.approx(share, rel=1e-5)

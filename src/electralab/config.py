@@ -159,6 +159,12 @@ class EncoderConfig:
     relative_max_distance: int = bounded(128, lo=2)
     layer_norm_eps: float = bounded(1e-5, lo=0.0, hi=1e-2)
     initializer_range: float = bounded(0.02, lo=0.0, hi=1.0)
+    # The binary detectors' output bias at initialisation (the RTD heads, COCO-LM's copy head). "zero": the
+    # papers' code. "base_rate": the log-odds of the share of tokens its positive label has under the run's
+    # masking (the prior initialisation of Lin et al. 2017, Sec. 4.1), so the detector starts at the base rate
+    # and its first, largest gradients (x50 in ELECTRA/COCO-LM/AMOS) do not push every token's vector toward
+    # one constant: at the tiny preset that push collapsed ELECTRA's encoder (docs/training.md).
+    detector_bias: Literal["zero", "base_rate"] = "zero"
 
     def check(self, where: str) -> None:
         if self.hidden % self.heads:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,7 +49,7 @@ class BinaryHead(nn.Module):
     """One logit per token. kind="linear" is the papers' sigmoid(w^T h) (COCO-LM's p_copy, AMOS Eq. 1,
     TEAMS Eq. 6); kind="mlp" is ELECTRA's released discriminator head (dense -> GELU -> dense)."""
 
-    def __init__(self, hidden: int, kind: str = "linear", std: float = 0.02):
+    def __init__(self, hidden: int, kind: str = "linear", std: float = 0.02, prior: float | None = None):
         super().__init__()
         if kind == "linear":
             self.net: nn.Module = nn.Linear(hidden, 1)
@@ -59,6 +61,9 @@ class BinaryHead(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=std)
                 nn.init.zeros_(m.bias)
+        if prior is not None:   # start at the positive label's base rate: sigmoid(output bias) = prior
+            output = [m for m in self.net.modules() if isinstance(m, nn.Linear)][-1]
+            nn.init.constant_(output.bias, math.log(prior / (1 - prior)))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.net(h).squeeze(-1)   # (...,)

@@ -36,7 +36,7 @@ from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (Objective, Output, accuracy, grad_reverse, gumbel_noise, mlm_loss,
-                                          replace_masked, rtd, sized)
+                                          replace_masked, replaced_prior, rtd, sized)
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,8 @@ class Amos(Objective):
         if s.mixture == "adversarial":   # v of Eq. 3 (zeros: the mixture starts uniform)
             self.mixture_v = nn.Parameter(torch.zeros(model.hidden))
         self.discriminator = Encoder(model, self.tokens)
-        self.rtd_head = BinaryHead(model.hidden, "linear", model.initializer_range)
+        self.rtd_head = BinaryHead(model.hidden, "linear", model.initializer_range,
+                                   prior=replaced_prior(model, s.masking))
 
     def _head(self, cfg: EncoderConfig) -> LMHead:
         return LMHead(cfg.hidden, self.tokens, projection=True, eps=cfg.layer_norm_eps, std=cfg.initializer_range)

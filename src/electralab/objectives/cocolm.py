@@ -35,7 +35,7 @@ from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, mlm_loss, random_tokens,
-                                          replace_masked, sample, sized)
+                                          replace_masked, replaced_prior, sample, sized)
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,9 @@ class CocoLM(Objective):
         self.main = Encoder(model, self.tokens)
         self.clm_head = LMHead(model.hidden, self.tokens, projection=False, eps=model.layer_norm_eps,
                                std=model.initializer_range)
-        self.copy_head = BinaryHead(model.hidden, "linear", model.initializer_range)
+        replaced = replaced_prior(model, s.masking)   # the copy head's positive label is "original"
+        self.copy_head = BinaryHead(model.hidden, "linear", model.initializer_range,
+                                    prior=None if replaced is None else 1 - replaced)
 
     def _load_converged(self, path: Path) -> None:
         try:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from electralab.batch import Batch
-from electralab.config import EncoderConfig, GeneratorSize
+from electralab.config import EncoderConfig, GeneratorSize, MaskingConfig
 from electralab.model.encoder import Encoder
 from electralab.model.heads import LMHead
 
@@ -117,6 +117,15 @@ def accuracy(pred: torch.Tensor, target: torch.Tensor, where: torch.Tensor | Non
     if where is not None:
         hit = hit[where]
     return hit.float().mean() if hit.numel() else torch.tensor(float("nan"), device=pred.device)
+
+
+def replaced_prior(model: EncoderConfig, masking: MaskingConfig) -> float | None:
+    """The share of tokens a detector's "replaced" label has at initialisation (the masked share the
+    generator resamples: [MASK] and random positions), when the model asks for a base-rate bias
+    (model.detector_bias); None: the papers' zero bias."""
+    if model.detector_bias == "zero":
+        return None
+    return masking.mask_prob * (masking.mask_token_prob + masking.random_token_prob)
 
 
 def rtd(logits: torch.Tensor, is_replaced: torch.Tensor, attention_mask: torch.Tensor,

@@ -20,7 +20,7 @@ from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig, boun
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead
 from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, mlm_loss, replace_masked,
-                                          rtd, sample, sized)
+                                          replaced_prior, rtd, sample, sized)
 
 
 def _electra_masking() -> MaskingConfig:
@@ -51,7 +51,8 @@ class Electra(Objective):
         # own projection to its hidden size. So the generator uses the discriminator's positions and norm.
         shared, own = self.discriminator.embeddings, self.generator.encoder.embeddings
         own.positions, own.norm = shared.positions, shared.norm
-        self.rtd_head = BinaryHead(model.hidden, settings.rtd_head, model.initializer_range)
+        self.rtd_head = BinaryHead(model.hidden, settings.rtd_head, model.initializer_range,
+                                   prior=replaced_prior(model, settings.masking))
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
         logits = self.generator(batch)                                  # (M, V)

@@ -32,7 +32,7 @@ from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, TransformerLayer, init_weights, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, gumbel_noise, mlm_loss,
-                                          replace_masked, rtd, sample, sized)
+                                          replace_masked, replaced_prior, rtd, sample, sized)
 
 
 def _teams_masking() -> MaskingConfig:
@@ -118,7 +118,7 @@ class Teams(Objective):
                 self.rtd_layer = self._layer(model)
             # Eq. 6 is sigmoid(w^T h) on an attention head; the FFN ablation uses ELECTRA's MLP head.
             self.rtd_head = BinaryHead(model.hidden, "linear" if s.task_heads == "attention" else "mlp",
-                                       model.initializer_range)
+                                       model.initializer_range, prior=replaced_prior(model, s.masking))
         if s.mws_weight > 0:
             if s.heads_on_top:
                 self.mws_layer = self._layer(model)
