@@ -103,10 +103,10 @@ def make_project(tmp_path: Path, models: Path, run: str, **finetune) -> Path:
 @pytest.fixture
 def env(monkeypatch, mlflow_uri):
     def use(root: Path) -> None:
-        monkeypatch.chdir(root)          # dvc.yaml's paths are relative to the project root
         monkeypatch.setenv("DVC_ROOT", str(root))
         monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
-        monkeypatch.setenv("ELECTRALAB_DATA", str(mirror_root()))
+        monkeypatch.setenv("ELECTRALAB_DATA", str(mirror_root()))   # absolute, before the chdir
+        monkeypatch.chdir(root)          # dvc.yaml's paths are relative to the project root
     return use
 
 
