@@ -1,9 +1,11 @@
 """DVC stage export@<run>: the run's main encoder as a Hugging Face model, with its tokenizer and a model card.
 
-    python stages/export.py cocolm              # what `dvc repro export@cocolm` runs
+    python stages/export.py cocolm models/cocolm metrics/finetune/cocolm.json exports/cocolm
+                                                # what `dvc repro export@cocolm` runs
 
-Reads models/<run>/ (the encoder with its vocabulary, summary.json) and metrics/finetune/<run>.json (the GLUE
-medians the card lists); writes exports/<run>/, which transformers loads (docs/training.md):
+Reads the model directory (the encoder with its vocabulary, summary.json) and the fine-tuning metrics file
+(the GLUE medians the card lists; absent: none); writes the export directory, which transformers loads
+(docs/training.md):
 
     tokenizer = AutoTokenizer.from_pretrained("exports/cocolm")
     model = AutoModel.from_pretrained("exports/cocolm", trust_remote_code=True)   # relative positions
@@ -11,10 +13,12 @@ medians the card lists); writes exports/<run>/, which transformers loads (docs/t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from electralab.card import describe, model_card
 from electralab.cli import run_stage
 from electralab.config import Params
-from electralab.env import data_root, repo_root
+from electralab.env import data_root
 from electralab.io import read_json
 from electralab.runs import check_run, resolve_all
 
@@ -26,19 +30,25 @@ def main(params: Params, args) -> None:
     from electralab.export import huggingface_compatible, load_encoder, save_huggingface
     from electralab.tracking import latest_finished_run
 
-    root, run = repo_root(), runs[args.run]
-    model_dir, out = root / "models" / run.name, root / "exports" / run.name
-    summary = read_manifest(model_dir / "summary.json", f"pretrain@{run.name}")
-    scores = root / "metrics" / "finetune" / f"{run.name}.json"
-    encoder = load_encoder(model_dir / "encoder")
+    run = runs[args.run]
+    summary = read_manifest(args.model / "summary.json", f"pretrain@{run.name}")
+    encoder = load_encoder(args.model / "encoder")
     finetune = params.active.finetune
+    scores = read_json(args.scores) if args.scores.exists() else {}
     card = model_card(run, describe(params.preset, params.active, mirror=data_root() is not None), summary,
-                      read_json(scores) if scores.exists() else {}, len(finetune.seeds) if finetune else 0,
+                      scores, len(finetune.seeds) if finetune else 0,
                       latest_finished_run(run.preset, run.name, "pretrain"), not huggingface_compatible(encoder.cfg))
-    save_huggingface(encoder, out, vocab_dir=model_dir / "encoder", card=card)
+    save_huggingface(encoder, args.out, vocab_dir=args.model / "encoder", card=card)
     kind = "ElectraModel" if huggingface_compatible(encoder.cfg) else "ElectraModel + relative bias (remote code)"
-    print(f"export {run.name}: {kind} with its tokenizer and model card -> {out}")
+    print(f"export {run.name}: {kind} with its tokenizer and model card -> {args.out}")
+
+
+def arguments(parser) -> None:
+    parser.add_argument("run", help="a run name from params.yaml runs")
+    parser.add_argument("model", type=Path, help="the run's model directory (its pretrain stage's output)")
+    parser.add_argument("scores", type=Path, help="the run's fine-tuning metrics file (absent: none)")
+    parser.add_argument("out", type=Path, help="the export directory to write")
 
 
 if __name__ == "__main__":
-    run_stage("export", main, arguments=lambda p: p.add_argument("run", help="a run name from params.yaml runs"))
+    run_stage("export", main, arguments=arguments)

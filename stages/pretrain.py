@@ -1,9 +1,10 @@
 """DVC stage pretrain@<run>: pretrain one run of the registry (params.yaml `runs`).
 
-    python stages/pretrain.py cocolm            # what `dvc repro pretrain@cocolm` runs
+    python stages/pretrain.py cocolm data/shards data/vocab models/cocolm metrics/pretrain/cocolm.json \
+        checkpoints/cocolm                      # what `dvc repro pretrain@cocolm` runs
 
-Reads data/shards and data/vocab; writes models/<run>/ (encoder/, auxiliary.pt, fractions/,
-summary.json) and metrics/pretrain/<run>.json. An interrupted run resumes from checkpoints/<run>/.
+Reads the shards and the vocabulary; writes the model directory (encoder/, auxiliary.pt, fractions/,
+summary.json) and the metrics file. An interrupted run resumes from its checkpoints directory.
 With presets.<preset>.pretrain.num_workers > 1, or RAY_ADDRESS set, it runs under Ray Train.
 docs/training.md describes the loop, resume and outputs.
 """
@@ -12,10 +13,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 from electralab.cli import run_stage
 from electralab.config import Params
-from electralab.env import repo_root
+from electralab.data import read_manifest
+from electralab.data.shards import read_shards_manifest
+from electralab.data.vocab import TOKENIZER_FILE
 from electralab.io import write_json
 from electralab.runs import check_run, resolve_all
 
@@ -24,24 +28,34 @@ def main(params: Params, args) -> None:
     runs = resolve_all(params)          # a mistake anywhere in the registry stops here, by key path
     check_run(args.run, runs, source=args.params)
     run = runs[args.run]
-    root = repo_root()
-    shards, vocab = root / "data" / "shards", root / "data" / "vocab"
-    out, scratch = root / "models" / run.name, root / "checkpoints" / run.name
+    # Both inputs before any work: the vocabulary is only copied into the model once training ends.
+    read_shards_manifest(args.shards)
+    read_manifest(args.vocab / TOKENIZER_FILE, "vocab")
     if run.pretrain.num_workers > 1 or os.environ.get("RAY_ADDRESS"):
         from electralab.train.distributed import pretrain_on_ray
 
-        summary = pretrain_on_ray(run, shards, out, scratch, num_workers=run.pretrain.num_workers,
-                                  use_gpu=run.pretrain.use_gpu, vocab_dir=vocab)
+        summary = pretrain_on_ray(run, args.shards, args.out, args.checkpoints,
+                                  num_workers=run.pretrain.num_workers, use_gpu=run.pretrain.use_gpu,
+                                  vocab_dir=args.vocab)
     else:
         from electralab.train.loop import pretrain
 
-        summary = pretrain(run, shards, out, scratch, vocab_dir=vocab)
+        summary = pretrain(run, args.shards, args.out, args.checkpoints, vocab_dir=args.vocab)
     # mlflow_run_id: which MLflow run these outputs are; the report reads only the runs the workspace names.
-    write_json(root / "metrics" / "pretrain" / f"{run.name}.json",
+    write_json(args.metrics,
                {k: v for k, v in summary.items() if isinstance(v, (int, float)) or k == "mlflow_run_id"})
     # Last: until here a kill resumes from the final checkpoint instead of training again from step 0.
-    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(args.checkpoints, ignore_errors=True)
+
+
+def arguments(parser) -> None:
+    parser.add_argument("run", help="a run name from params.yaml runs")
+    parser.add_argument("shards", type=Path, help="the shards directory (the shards stage's output)")
+    parser.add_argument("vocab", type=Path, help="the vocabulary directory (the vocab stage's output)")
+    parser.add_argument("out", type=Path, help="the model directory to write")
+    parser.add_argument("metrics", type=Path, help="the metrics file to write")
+    parser.add_argument("checkpoints", type=Path, help="the run's checkpoints, kept until it ends (resume)")
 
 
 if __name__ == "__main__":
-    run_stage("pretrain", main, arguments=lambda p: p.add_argument("run", help="a run name from params.yaml runs"))
+    run_stage("pretrain", main, arguments=arguments)

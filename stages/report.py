@@ -1,12 +1,12 @@
 """DVC stage report: the papers' tables and figures for the active preset, from MLflow.
 
-    python stages/report.py            # what `dvc repro report` runs (the last stage of dvc.yaml)
+    python stages/report.py metrics reports metrics/report.json   # what `dvc repro report` runs
 
-Reads MLflow (the preset's experiment `electralab-<preset>`; docs/tracking.md): only the runs that
-metrics/pretrain/<run>.json and metrics/finetune/<run>.json name (the workspace's own outputs); and, for
-COCO-LM Fig. 1/5 only, STS-B dev and the corpus mirror under $ELECTRALAB_DATA. Writes reports/ (one atomic
-directory: index.html, report.md, tables/, figures/, plots/) and metrics/report.json, then logs the
-directory to MLflow as a `stage=report` run. docs/reproducing.md explains how to read it.
+Reads MLflow (the preset's experiment `electralab-<preset>`; docs/tracking.md): only the runs that the metrics
+directory's pretrain/<run>.json and finetune/<run>.json name (the workspace's own outputs); and, for COCO-LM
+Fig. 1/5 only, STS-B dev and the corpus mirror under $ELECTRALAB_DATA. Writes the report directory (atomic:
+index.html, report.md, tables/, figures/, plots/) and its metrics file, then logs the directory to MLflow as
+a `stage=report` run. docs/reproducing.md explains how to read it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from electralab.card import describe
 from electralab.cli import run_stage
 from electralab.config import Params
-from electralab.env import data_root, repo_root
+from electralab.env import data_root
 from electralab.io import write_json
 from electralab.report import Sources, build_report
 from electralab.report.build import workspace_state
@@ -39,7 +39,7 @@ def unavailable(data: Path | None) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def main(params: Params, args=None) -> None:
+def main(params: Params, args) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # one bar per encoder otherwise
     preset = params.active
     data = data_root()   # the offline mirror, or None: then Fig. 1/5 says "no data yet"
@@ -48,20 +48,25 @@ def main(params: Params, args=None) -> None:
                       stsb_dev=data / "glue" / "STS-B" / "dev.tsv" if data else None,
                       corpus_files=tuple(f for f in corpus if f.exists()),
                       unavailable=unavailable(data))
-    root = repo_root()
-    out = root / "reports"
     # The runs this workspace's outputs are (their metrics files record them): not the latest of each name,
     # which may be another experiment's. A workspace whose stages never recorded one reads the latest.
-    state = workspace_state(root / "metrics")
-    built = build_report(params.preset, out, sources=sources, runs=params.runs,
+    state = workspace_state(args.metrics_dir)
+    built = build_report(params.preset, args.out, sources=sources, runs=params.runs,
                          state=state if state.pretrain or state.finetune else None)
-    write_json(root / "metrics" / "report.json", built["metrics"])
-    run_id = log_report(built["results"], out, built["tables"])
+    write_json(args.metrics, built["metrics"])
+    run_id = log_report(built["results"], args.out, built["tables"])
     filled = sum(c["filled"] for c in built["metrics"]["cells"].values())
     total = sum(c["total"] for c in built["metrics"]["cells"].values())
-    print(f"report ({params.preset}): {filled}/{total} of our table cells filled -> {out / 'index.html'} "
-          f"(MLflow run {run_id})")
+    print(f"report ({params.preset}): {filled}/{total} of our table cells filled -> "
+          f"{args.out / 'index.html'} (MLflow run {run_id})")
+
+
+def arguments(parser) -> None:
+    parser.add_argument("metrics_dir", type=Path,
+                        help="the workspace's metrics directory (pretrain/<run>.json, finetune/<run>.json)")
+    parser.add_argument("out", type=Path, help="the report directory to write")
+    parser.add_argument("metrics", type=Path, help="the metrics file to write")
 
 
 if __name__ == "__main__":
-    run_stage("report", main)
+    run_stage("report", main, arguments=arguments)

@@ -1,6 +1,6 @@
 """Run a stage script and SIGKILL it at one named point: the fault injection of the kill tests.
 
-    python tests/fault_injection.py <point> <nth> stages/pretrain.py mlm     # from a project root
+    python tests/fault_injection.py <point> <nth> stages/pretrain.py mlm data/shards ...   # from the project
 
 The process kills itself (SIGKILL: no handler, no cleanup, as the OOM killer or a power cut) the <nth> time
 execution reaches <point>. Points inside a checkpoint write (electralab.train.checkpoint.Checkpointer.save):

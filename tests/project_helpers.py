@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,15 @@ def copy_project(dest: Path) -> Path:
     for name in ("dvc.yaml", "params.yaml", ".dvcignore"):
         shutil.copy(ROOT / name, dest / name)
     return dest
+
+
+def stage_args(name: str, run: str | None = None) -> list[str]:
+    """What dvc.yaml runs for stage `name` (of run `run`), after `python`: the script and its paths, to run a
+    stage by hand as DVC does: `[sys.executable, *stage_args("pretrain", "mlm")]` from the project root."""
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"][name]
+    python, *args = shlex.split(stage.get("do", stage)["cmd"].replace("${key}", run or "${key}"))
+    assert python == "python" and not any("${" in a for a in args), (name, run, args)
+    return args
 
 
 def run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:

@@ -8,14 +8,14 @@ import sys
 import pytest
 
 from conftest import assert_no_output, mirror_root
-from project_helpers import BIN, copy_project, env_for, run, set_param
+from project_helpers import BIN, copy_project, env_for, run, set_param, stage_args
 
 # ---- stage scripts: expected errors exit 2 with the key/value/file and no traceback -----------------
 
 def test_stage_rejects_out_of_range_seq_len(tmp_path):
     project = copy_project(tmp_path)
     set_param(project, "presets.tiny.shards.seq_len", 8)
-    proc = run([sys.executable, "stages/shards.py"], project, env_for(project, mirror_root()))
+    proc = run([sys.executable, *stage_args("shards")], project, env_for(project, mirror_root()))
     assert proc.returncode == 2
     assert "error: presets.tiny.shards.seq_len=8 is out of range: allowed [16, 8192]" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -30,7 +30,7 @@ def test_corpus_stage_bad_mirror(tmp_path, data, message):
     project = copy_project(tmp_path / "project")
     (tmp_path / "empty-mirror").mkdir()
     mirror = tmp_path / data
-    proc = run([sys.executable, "stages/corpus.py"], project, env_for(project, mirror))
+    proc = run([sys.executable, *stage_args("corpus")], project, env_for(project, mirror))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and message.format(mirror) in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -39,7 +39,7 @@ def test_corpus_stage_bad_mirror(tmp_path, data, message):
 
 def test_vocab_stage_without_corpus(tmp_path):
     project = copy_project(tmp_path)
-    proc = run([sys.executable, "stages/vocab.py"], project, env_for(project, mirror_root()))
+    proc = run([sys.executable, *stage_args("vocab")], project, env_for(project, mirror_root()))
     assert proc.returncode == 2
     assert "error: data/corpus/manifest.json: no such file; run the corpus stage first (dvc repro corpus)" in proc.stderr
     assert_no_output(project / "data" / "vocab")

@@ -24,6 +24,7 @@ from electralab.runs import resolve_run
 from electralab.tables import REGISTRY
 
 from conftest import ROOT, mirror_root
+from project_helpers import stage_args
 
 TASK_METRICS = {"mnli": ("accuracy", "accuracy_mm"), "qnli": ("accuracy",), "sst2": ("accuracy",), "cola": ("mcc",),
                 "rte": ("accuracy",), "mrpc": ("accuracy", "f1"), "stsb": ("pearson", "spearman"),
@@ -105,7 +106,8 @@ def env(monkeypatch, mlflow_uri):
     def use(root: Path) -> None:
         monkeypatch.setenv("DVC_ROOT", str(root))
         monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
-        monkeypatch.setenv("ELECTRALAB_DATA", str(mirror_root()))
+        monkeypatch.setenv("ELECTRALAB_DATA", str(mirror_root()))   # absolute, before the chdir
+        monkeypatch.chdir(root)          # dvc.yaml's paths are relative to the project root
     return use
 
 
@@ -114,6 +116,11 @@ def load_stage():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def argv(root: Path, run: str) -> list[str]:
+    """The stage's arguments as dvc.yaml gives them (its paths: relative to root, the working directory)."""
+    return ["--params", str(root / "params.yaml"), *stage_args("finetune", run)[1:]]
 
 
 def search(uri: str, run: str, stage: str):
@@ -141,7 +148,7 @@ def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
     monkeypatch.setitem(REGISTRY, fig7.key, dataclasses.replace(fig7, series=with_cocolm))
     env(root)
     stage = load_stage()
-    stage.run_stage("finetune", stage.main, ["--params", str(root / "params.yaml"), "cocolm"], stage.arguments)
+    stage.run_stage("finetune", stage.main, argv(root, "cocolm"), stage.arguments)
 
     # metrics/finetune/<run>.json: medians per task, missing QQP (no dev split in the mirror) with its reason
     out = json.loads((root / "metrics" / "finetune" / "cocolm.json").read_text())
@@ -213,7 +220,7 @@ def test_stage_errors_are_one_line_and_leave_no_metrics(tmp_path, env, capsys):
     stage = load_stage()
     for run, message in (("nope", "run 'nope' is not in"), ("mlm", "no exported encoder; run the pretraining first")):
         with pytest.raises(SystemExit) as exit_info:
-            stage.run_stage("finetune", stage.main, ["--params", str(root / "params.yaml"), run], stage.arguments)
+            stage.run_stage("finetune", stage.main, argv(root, run), stage.arguments)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert not (root / "metrics").exists()
 
@@ -228,7 +235,7 @@ def test_a_binary_glue_dev_file_is_a_named_error(tmp_path, models, env, capsys, 
     monkeypatch.setenv("ELECTRALAB_DATA", str(tmp_path / "mirror"))
     stage = load_stage()
     with pytest.raises(SystemExit) as exit_info:
-        stage.run_stage("finetune", stage.main, ["--params", str(root / "params.yaml"), "mlm"], stage.arguments)
+        stage.run_stage("finetune", stage.main, argv(root, "mlm"), stage.arguments)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert f"error: {rte / 'dev.tsv'}: not UTF-8 text at byte 128" in err
@@ -246,16 +253,16 @@ def test_a_requested_task_without_its_dev_file_fails_the_stage_unless_allowed(tm
     shutil.copy(mirror_root() / "glue" / "RTE" / "train.tsv", rte)          # no dev.tsv
     monkeypatch.setenv("ELECTRALAB_DATA", str(tmp_path / "mirror"))
     stage = load_stage()
-    argv = ["--params", str(root / "params.yaml"), "mlm"]
+    args = argv(root, "mlm")
     with pytest.raises(SystemExit) as exit_info:
-        stage.run_stage("finetune", stage.main, argv, stage.arguments)
+        stage.run_stage("finetune", stage.main, args, stage.arguments)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert "requested task(s) cannot run (rte: no dev split: glue/RTE/dev.tsv is not in the ELECTRALAB_DATA mirror" in err
     assert "set ELECTRALAB_ALLOW_MISSING=1" in err and not (root / "metrics").exists()
 
     monkeypatch.setenv("ELECTRALAB_ALLOW_MISSING", "1")
-    stage.run_stage("finetune", stage.main, argv, stage.arguments)
+    stage.run_stage("finetune", stage.main, args, stage.arguments)
     out = json.loads((root / "metrics" / "finetune" / "mlm.json").read_text())
     assert "glue/RTE/dev.tsv" in out["missing"]["rte"] and out["trials"] == 0
     # which MLflow runs these are, and of which pretraining run (the report reads only those)

@@ -12,7 +12,7 @@ import torch
 
 from electralab.config import GuardConfig
 from electralab.train.diagnostics import HeldOut, binary_entropy, collapse, guard_active, token_cosine
-from project_helpers import copy_project, run, shrink
+from project_helpers import copy_project, run, shrink, stage_args
 from test_pretrain import mlflow_client, mlflow_env
 
 
@@ -83,8 +83,8 @@ def test_a_run_collapsed_on_purpose_stops_by_name_fails_in_mlflow_and_leaves_no_
            guard={"enabled": True, "every": 10, "after": 0.5, "batches": 2})
     env = mlflow_env(project, tmp_path / "mlflow.db")
     for stage in ("corpus", "vocab", "shards"):
-        assert run([sys.executable, f"stages/{stage}.py"], project, env).returncode == 0
-    proc = run([sys.executable, "stages/pretrain.py", "electra"], project, env)
+        assert run([sys.executable, *stage_args(stage)], project, env).returncode == 0
+    proc = run([sys.executable, *stage_args("pretrain", "electra")], project, env)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "error: run electra collapsed at step" in proc.stderr and "Traceback" not in proc.stderr
     assert not (project / "models" / "electra").exists()

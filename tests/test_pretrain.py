@@ -22,7 +22,7 @@ import torch
 import yaml
 
 from conftest import ROOT, mirror_root
-from project_helpers import BIN, copy_project, env_for, run, shrink
+from project_helpers import BIN, copy_project, env_for, run, shrink, stage_args
 
 from electralab.config import load_params
 from electralab.errors import ConfigError, TrainingDiverged
@@ -40,7 +40,7 @@ def project(tmp_path_factory) -> Path:
     shrink(project)
     env = env_for(project, mirror_root())
     for stage in ("corpus", "vocab", "shards"):
-        proc = run([sys.executable, f"stages/{stage}.py"], project, env)
+        proc = run([sys.executable, *stage_args(stage)], project, env)
         assert proc.returncode == 0, proc.stderr
     return project
 
@@ -116,7 +116,7 @@ def test_dvc_repro_pretrain_with_dependent_runs_and_mlflow(tmp_path):
 # ---- exact resume ----------------------------------------------------------------------------------
 
 def start(project: Path, run_name: str, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "stages/pretrain.py", run_name], cwd=project, env=env,
+    return subprocess.Popen([sys.executable, *stage_args("pretrain", run_name)], cwd=project, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -137,7 +137,7 @@ def test_sigkill_then_rerun_gives_the_weights_of_an_uninterrupted_run(project, t
     encoder = project / "models" / run_name / "encoder" / "weights.pt"
     state = project / "checkpoints" / run_name / "state.pt"
 
-    proc = run([sys.executable, "stages/pretrain.py", run_name], project, env)
+    proc = run([sys.executable, *stage_args("pretrain", run_name)], project, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference = weights(encoder)
 
@@ -160,7 +160,7 @@ def test_sigkill_then_rerun_gives_the_weights_of_an_uninterrupted_run(project, t
             time.sleep(1.0)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        resumed = run([sys.executable, "stages/pretrain.py", run_name], project, env)
+        resumed = run([sys.executable, *stage_args("pretrain", run_name)], project, env)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         got = weights(encoder)
         assert got.keys() == reference.keys()
@@ -183,7 +183,7 @@ def test_sigkill_then_rerun_gives_the_weights_of_an_uninterrupted_run(project, t
 def reference(project, tmp_path_factory) -> dict[str, torch.Tensor]:
     """The encoder of an uninterrupted `mlm` run (8 steps, checkpoints every 2, fractions 0.5 and 1.0)."""
     env = mlflow_env(project, tmp_path_factory.mktemp("reference") / "mlflow.db")
-    proc = run([sys.executable, "stages/pretrain.py", "mlm"], project, env)
+    proc = run([sys.executable, *stage_args("pretrain", "mlm")], project, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return weights(project / "models" / "mlm" / "encoder" / "weights.pt")
 
@@ -194,12 +194,12 @@ def kill_then_rerun(project: Path, env: dict, point: str, nth: int, corrupt=None
     shutil.rmtree(project / "models" / "mlm", ignore_errors=True)
     shutil.rmtree(project / "checkpoints", ignore_errors=True)
     (project / "metrics" / "pretrain" / "mlm.json").unlink(missing_ok=True)
-    killed = run([sys.executable, str(ROOT / "tests" / "fault_injection.py"), point, str(nth), "stages/pretrain.py",
-                  "mlm"], project, env)
+    killed = run([sys.executable, str(ROOT / "tests" / "fault_injection.py"), point, str(nth),
+                  *stage_args("pretrain", "mlm")], project, env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     if corrupt:
         corrupt(project / "checkpoints" / "mlm")
-    rerun = run([sys.executable, "stages/pretrain.py", "mlm"], project, env)
+    rerun = run([sys.executable, *stage_args("pretrain", "mlm")], project, env)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     return rerun
 
@@ -259,7 +259,8 @@ def test_a_corrupt_latest_checkpoint_is_set_aside_and_the_previous_one_resumed(p
     db = tmp_path / "mlflow.db"
     rerun = kill_then_rerun(project, mlflow_env(project, db), "ckpt-saved", 3,   # state.pt: step 6, prev: step 4
                             corrupt=lambda scratch: damage(scratch / "state.pt"))
-    assert f"warning: checkpoint {project / 'checkpoints' / 'mlm' / 'state.pt'} is corrupt" in rerun.stderr
+    # named as the stage's command line gives the checkpoints directory (dvc.yaml: checkpoints/<run>)
+    assert "warning: checkpoint checkpoints/mlm/state.pt is corrupt" in rerun.stderr
     aside = list((project / "checkpoints").glob("mlm.state.pt.corrupt-*"))
     assert len(aside) == 1 and aside[0].name in rerun.stderr
     assert_resumed_exactly(project, db, reference, redone=2)    # steps 5 and 6 again
@@ -271,8 +272,9 @@ def test_two_stages_starting_together_on_a_fresh_mlflow_store(project, tmp_path)
     the store is created once, under a lock, before a stage uses it."""
     env = mlflow_env(project, tmp_path / "fresh" / "mlflow.db")
     (tmp_path / "fresh").mkdir()
-    procs = [subprocess.Popen([sys.executable, "stages/pretrain.py", name], cwd=project, env=env, text=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name in ("mlm", "electra")]
+    procs = [subprocess.Popen([sys.executable, *stage_args("pretrain", name)], cwd=project, env=env,
+                              text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for name in ("mlm", "electra")]
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for e in errors]
     client = mlflow_client(tmp_path / "fresh" / "mlflow.db")
@@ -287,13 +289,14 @@ def test_a_second_direct_run_of_a_running_stage_stops_at_once_naming_the_first(p
     longer["presets"]["tiny"]["pretrain"]["steps"] = 200
     (tmp_path / "longer.yaml").write_text(yaml.safe_dump(longer))
     shutil.rmtree(project / "checkpoints", ignore_errors=True)
-    first = subprocess.Popen([sys.executable, "stages/pretrain.py", "--params", str(tmp_path / "longer.yaml"), "mlm"],
-                             cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    longer_run = [sys.executable, *stage_args("pretrain", "mlm"), "--params", str(tmp_path / "longer.yaml")]
+    first = subprocess.Popen(longer_run, cwd=project, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (project / "checkpoints" / "mlm" / "mlflow.json").exists():   # training: inside the lock
         assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-3000:]
         time.sleep(0.05)
-    second = run([sys.executable, "stages/pretrain.py", "mlm"], project, env)
+    second = run([sys.executable, *stage_args("pretrain", "mlm")], project, env)
     assert first.poll() is None, "the first run ended before the second started: make it longer"
     assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
     assert f"error: stage pretrain@mlm is already running in {project} (pid {first.pid}" in second.stderr
@@ -396,7 +399,8 @@ def test_batch_not_divisible_and_gpu_without_cuda_are_config_errors(project, tmp
 
 
 def test_stage_with_an_unknown_run_exits_2_naming_it(project):
-    proc = run([sys.executable, "stages/pretrain.py", "no_such_run"], project, env_for(project, mirror_root()))
+    proc = run([sys.executable, *stage_args("pretrain", "no_such_run")], project,
+               env_for(project, mirror_root()))
     assert proc.returncode == 2
     assert "error: run 'no_such_run' is not in params.yaml runs" in proc.stderr and "Traceback" not in proc.stderr
 

@@ -19,11 +19,13 @@ from electralab.report import stem
 from electralab.report.track import ROW_STAGE
 from electralab.tables import TABLES
 
+from project_helpers import stage_args
 from report_helpers import CORPUS, _run, median_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")   # tiny models: threads only add overhead
 
 ROOT = Path(__file__).resolve().parents[1]
+ARGS = stage_args("report")[1:]   # dvc.yaml's paths, relative to the project root: the tests work there
 FIGURES = ["coco-lm/fig1-5", "coco-lm/fig3", "coco-lm/fig4", "coco-lm/fig7a", "coco-lm/fig8", "amos/fig3a",
            "amos/fig3b", "amos/fig4", "teams/fig4", "teams/fig5"]
 
@@ -55,6 +57,7 @@ def project(tmp_path: Path, preset: str) -> tuple[Path, Path]:
 @pytest.fixture
 def env(monkeypatch, store):
     def use(root: Path, data: Path) -> None:
+        monkeypatch.chdir(root)
         monkeypatch.setenv("DVC_ROOT", str(root))
         monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
         monkeypatch.setenv("ELECTRALAB_DATA", str(data))
@@ -67,7 +70,7 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     root, data = project(tmp_path, "tiny")
     env(root, data)
     stage = load_stage()
-    stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml")])
+    stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml"), *ARGS], stage.arguments)
 
     reports = root / "reports"
     for key in TABLES:
@@ -126,7 +129,7 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     assert rtd.data.tags["mlflow.parentRunId"] == report_runs[0].info.run_id
 
     # A second build: the filter shows only the newest rows.
-    stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml")])
+    stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml"), *ARGS], stage.arguments)
     assert len(client.search_runs([experiment], "tags.stage = 'report'")) == 2
     latest = client.search_runs([experiment], f"tags.stage = '{ROW_STAGE}' and tags.report_latest = 'true' "
                                               "and tags.tables = 'coco-lm/table3'")
@@ -155,7 +158,7 @@ def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, stor
     (root / "reports" / "index.html").write_text("the previous report")
     stage = load_stage()
     with pytest.raises(SystemExit) as exit_info:
-        stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml")])
+        stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml"), *ARGS], stage.arguments)
     assert exit_info.value.code == 2
     assert "format='something-else'" in capsys.readouterr().err   # load_encoder's error, one line
     assert [p.name for p in (root / "reports").iterdir()] == ["index.html"]
@@ -169,8 +172,8 @@ def test_cli_without_an_experiment_for_the_preset_is_one_line_exit_2(tmp_path, s
     root, data = project(tmp_path, "base")
     env = {**os.environ, "DVC_ROOT": str(root), "MLFLOW_TRACKING_URI": store.uri, "ELECTRALAB_DATA": str(data),
            "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, str(ROOT / "stages" / "report.py"), "--params", str(root / "params.yaml")],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, str(ROOT / "stages" / "report.py"), *ARGS, "--params", str(root / "params.yaml")]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "no MLflow experiment 'electralab-base' for preset='base'" in error[0]
@@ -207,13 +210,14 @@ def test_every_number_comes_from_the_runs_the_workspace_names_not_the_latest(tmp
     root, data = project(tmp_path, "tiny")
     for name, value in (("DVC_ROOT", str(root)), ("MLFLOW_TRACKING_URI", uri), ("ELECTRALAB_DATA", str(data))):
         monkeypatch.setenv(name, value)
+    monkeypatch.chdir(root)
     write_json(root / "metrics" / "pretrain" / "mlm.json", {"steps": 100, "mlflow_run_id": base})
     write_json(root / "metrics" / "finetune" / "mlm.json",
                {"rte": {"accuracy": 70.0}, "mlflow": {"pretrain_run_id": base, "parents": parents}})
     stage = load_stage()
 
     def cells() -> pd.DataFrame:
-        stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml")])
+        stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml"), *ARGS], stage.arguments)
         table = pd.read_csv(root / "reports" / "tables" / "coco-lm_table1.csv")
         return table[table["run"] == "mlm"].set_index("column")
 

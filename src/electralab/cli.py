@@ -1,14 +1,20 @@
 """The shared entry point of the stage scripts (stages/*.py): arguments, params, expected errors.
 
-    # stages/corpus.py
+    # stages/vocab.py: dvc.yaml runs `python stages/vocab.py data/corpus data/vocab metrics/vocab.json`
     from electralab.cli import run_stage
 
-    def main(params, args): ...
+    def main(params, args): ...          # args.corpus, args.out, args.metrics
+
+    def arguments(parser):
+        parser.add_argument("corpus", type=Path, help="the corpus directory (the corpus stage's output)")
+        ...
 
     if __name__ == "__main__":
-        run_stage("corpus", main)
+        run_stage("vocab", main, arguments=arguments)
 
-A stage with arguments of its own passes `arguments` (a function adding them to the parser).
+A stage takes every path it reads or writes from its command line, so that dvc.yaml names each one once, in
+the stage's `cmd` beside its deps and outs, and a stage runs by hand with the same arguments; relative paths
+are the working directory's (the project root, where DVC runs stages). `arguments` adds them to the parser.
 Expected errors (bad configuration, bad input data, a diverged run, the same stage already running)
 print `error: <message>` on stderr and exit with status 2, without a traceback; anything else is a bug
 and keeps its traceback.

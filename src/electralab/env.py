@@ -12,7 +12,8 @@ ALLOW_MISSING_ENV = "ELECTRALAB_ALLOW_MISSING"   # 1: a fine-tuning task without
 
 
 def repo_root() -> Path:
-    """The project root a stage reads and writes: when DVC runs the stage (DVC_STAGE is set), the nearest
+    """The project root (stage locks, the MLflow store's default place; a stage's own paths come from its
+    command line, relative to the working directory): when DVC runs the stage (DVC_STAGE is set), the nearest
     parent of the working directory holding dvc.yaml, which is the experiment's own copy under `dvc exp run
     --temp` or `--queue` (DVC then points DVC_ROOT at the parent repository: trusting it wrote the
     experiment's outputs over the workspace's); else DVC_ROOT when set; else the nearest such parent."""
