@@ -93,6 +93,14 @@ def loaded_on_import(script: Path) -> set[Path]:
     return {f for f in files if f.is_relative_to(SRC / "electralab")}
 
 
+# Imported but deliberately not a dependency, and why.
+NOT_DEPS = {
+    # A run's tables only label it (an MLflow tag); its training does not read them, and a dependency would
+    # retrain every run whenever a row is added to any table (dvc.yaml says so above the stage).
+    "pretrain": {"src/electralab/tables.py"},
+}
+
+
 def covered(path: str, deps: list[str]) -> bool:
     return any(path == d.rstrip("/") or path.startswith(d.rstrip("/") + "/") for d in deps)
 
@@ -105,7 +113,7 @@ def test_the_deps_of_a_stage_cover_every_module_it_runs(name):
     assert script in deps, f"stage {name}: its script {script} is not in its deps"
     code = {p.relative_to(ROOT).as_posix()
             for p in loaded_on_import(ROOT / script) | imported_anywhere(ROOT / script)}
-    missing = sorted(p for p in code if not covered(p, deps))
+    missing = sorted(p for p in code if not covered(p, deps) and p not in NOT_DEPS.get(name, ()))
     assert not missing, f"stage {name} runs code its deps in dvc.yaml do not cover: {missing}"
     # A dep naming no file (a module renamed or removed) fails `dvc repro` only when DVC gets to the stage.
     absent = [d for d in deps if d.startswith(("src/", "stages/")) and not (ROOT / d).exists()]

@@ -70,9 +70,11 @@ class ResolvedRun:
         return self.pretrain.seed if self.spec.seed is None else self.spec.seed
 
     def as_params(self) -> dict[str, Any]:
-        """Everything that defines the run, as a nested plain dict (MLflow params, checkpoint meta)."""
-        return {"run": self.name, "method": self.method, "preset": self.preset, "seed": self.seed, "budget": self.spec.budget,
-                "tables": list(self.tables), "settings": to_dict(self.settings),
+        """Everything that defines the run's training, as a nested plain dict (MLflow params, the resume
+        fingerprint). Not its tables: they label it (an MLflow tag) and change when a row is added to any
+        table, which must neither retrain it nor stop an interrupted run from resuming."""
+        return {"run": self.name, "method": self.method, "preset": self.preset, "seed": self.seed,
+                "budget": self.spec.budget, "settings": to_dict(self.settings),
                 "model": to_dict(self.model), "generators": to_dict(self.generators),
                 "pretrain": to_dict(self.pretrain)}
 
