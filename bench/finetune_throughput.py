@@ -48,7 +48,9 @@ VARIANTS = ("fixed512", "dynamic", "dynamic+grouped")
 def training_pass(model: FinetuneModel, encoded: Encoded, variant: str, seed: int) -> tuple[float, int, int]:
     """Seconds for one pass, real tokens and padded positions."""
     opt = make_adamw(model, lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
-    batches = train_batches(encoded.lengths, BATCH, np.random.default_rng(seed), group_by_length=variant == "dynamic+grouped")
+    batches = train_batches(
+        encoded.lengths, BATCH, np.random.default_rng(seed), group_by_length=variant == "dynamic+grouped"
+    )
     pad_to = 512 if variant == "fixed512" else None
     model.train()
     real = padded = 0
@@ -66,12 +68,18 @@ def training_pass(model: FinetuneModel, encoded: Encoded, variant: str, seed: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(ROOT / "models" / "mlm" / "encoder"), help="an exported encoder (with its vocabulary)")
+    parser.add_argument(
+        "--model", default=str(ROOT / "models" / "mlm" / "encoder"), help="an exported encoder (with its vocabulary)"
+    )
     parser.add_argument("--tasks", nargs="+", default=["sst2", "mnli", "rte"])
     parser.add_argument("--examples", type=int, default=256, help="training examples per task (a fixed random subset)")
-    parser.add_argument("--fixed-examples", type=int, default=64,
-                        help="fixed512 is timed on the first N of those examples: every row costs 512 tokens "
-                             "whichever it is, and a pass over all of them takes minutes on a CPU")
+    parser.add_argument(
+        "--fixed-examples",
+        type=int,
+        default=64,
+        help="fixed512 is timed on the first N of those examples: every row costs 512 tokens "
+        "whichever it is, and a pass over all of them takes minutes on a CPU",
+    )
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "finetune_throughput.json"))
@@ -83,8 +91,10 @@ def main() -> None:
     encoder = load_encoder(args.model)
     if encoder.cfg.max_positions < 512:
         sys.exit(f"{args.model}: max_positions={encoder.cfg.max_positions} < 512, cannot pad to 512")
-    print(f"{args.model}: {encoder.cfg.layers} layers x {encoder.cfg.hidden}; {args.threads} thread(s); "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{args.model}: {encoder.cfg.layers} layers x {encoder.cfg.hidden}; {args.threads} thread(s); "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}"
+    )
 
     results = []
     for name in args.tasks:
@@ -96,28 +106,52 @@ def main() -> None:
         fixed_rows = encoded.subset(np.arange(min(args.fixed_examples, len(encoded))))
         best: dict[str, dict] = {}
         for r in range(args.repeat):
-            for variant in VARIANTS:   # interleaved: a load spike hits every variant alike
+            for variant in VARIANTS:  # interleaved: a load spike hits every variant alike
                 torch.manual_seed(0)
                 model = FinetuneModel(load_encoder(args.model), task)
                 rows = fixed_rows if variant == "fixed512" else encoded
                 seconds, real, padded = training_pass(model, rows, variant, seed=r)
-                rate = {"examples_per_s": len(rows) / seconds, "tokens_per_s": real / seconds,
-                        "pad_share": 1 - real / padded, "timed_examples": len(rows)}
+                rate = {
+                    "examples_per_s": len(rows) / seconds,
+                    "tokens_per_s": real / seconds,
+                    "pad_share": 1 - real / padded,
+                    "timed_examples": len(rows),
+                }
                 if variant not in best or rate["examples_per_s"] > best[variant]["examples_per_s"]:
                     best[variant] = rate
         for variant in VARIANTS:
             rate = best[variant]
-            row = {"task": name, "variant": variant, "mean_tokens": round(float(encoded.lengths.mean()), 1),
-                   "timed_examples": rate["timed_examples"], "examples_per_s": round(rate["examples_per_s"], 1),
-                   "tokens_per_s": round(rate["tokens_per_s"]), "pad_share": round(rate["pad_share"], 3),
-                   "speedup_vs_fixed512": round(rate["examples_per_s"] / best["fixed512"]["examples_per_s"], 1)}
+            row = {
+                "task": name,
+                "variant": variant,
+                "mean_tokens": round(float(encoded.lengths.mean()), 1),
+                "timed_examples": rate["timed_examples"],
+                "examples_per_s": round(rate["examples_per_s"], 1),
+                "tokens_per_s": round(rate["tokens_per_s"]),
+                "pad_share": round(rate["pad_share"], 3),
+                "speedup_vs_fixed512": round(rate["examples_per_s"] / best["fixed512"]["examples_per_s"], 1),
+            }
             results.append(row)
-            print(f"{name:5s} {variant:16s} {row['examples_per_s']:8.1f} ex/s {row['tokens_per_s']:8d} tok/s "
-                  f"pad {row['pad_share']:.0%}  x{row['speedup_vs_fixed512']}", flush=True)
+            print(
+                f"{name:5s} {variant:16s} {row['examples_per_s']:8.1f} ex/s {row['tokens_per_s']:8d} tok/s "
+                f"pad {row['pad_share']:.0%}  x{row['speedup_vs_fixed512']}",
+                flush=True,
+            )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "threads": args.threads, "batch_size": BATCH,
-                               "load_average_end": os.getloadavg()[0], "results": results}, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "threads": args.threads,
+                "batch_size": BATCH,
+                "load_average_end": os.getloadavg()[0],
+                "results": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"-> {out}")
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-STARTED = time.monotonic()   # a command's budget counts from here: interpreter start-up is all before
+STARTED = time.monotonic()  # a command's budget counts from here: interpreter start-up is all before
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
@@ -30,38 +30,40 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from electralab.errors import EXPECTED_ERRORS  # noqa: E402
-
 from sprint import state_dir  # noqa: E402
+
+from electralab.errors import EXPECTED_ERRORS  # noqa: E402
 
 
 def prep(args) -> None:
     import shutil
+
+    from sprint.bundle import check_size, pack
+    from sprint.config import check_runs, load_config
+    from sprint.state import write_source
 
     from electralab.config import load_params, to_dict
     from electralab.env import data_root
     from electralab.errors import ConfigError
     from electralab.io import read_json, write_json
 
-    from sprint.bundle import check_size, pack
-    from sprint.config import check_runs, load_config
-    from sprint.state import write_source
-
     cfg = load_config({k: v for k, v in vars(args).items() if k in SETTINGS and v is not None})
-    values = to_dict(cfg)   # every setting, defaults included: the state says what ran
+    values = to_dict(cfg)  # every setting, defaults included: the state says what ran
     params = load_params(ROOT / "params.yaml")
     check_runs(params, cfg)
     mirror = data_root()
     if mirror is None:
-        raise ConfigError("ELECTRALAB_DATA is not set: prep reads the corpus and GLUE from the offline mirror "
-                          "(ELECTRALAB_DATA=../shared/data)")
+        raise ConfigError(
+            "ELECTRALAB_DATA is not set: prep reads the corpus and GLUE from the offline mirror "
+            "(ELECTRALAB_DATA=../shared/data)"
+        )
     manifest = pack(params, cfg.preset, cfg.tasks, mirror, ROOT)
     total = check_size(ROOT)
     state = state_dir(ROOT)
     old = read_json(state / "sprint.json") if (state / "sprint.json").is_file() else None
     old_data = read_json(state / "bundle.json") if (state / "bundle.json").is_file() else {}
     if args.fresh or old != values or old_data.get("sha256") != manifest["sha256"]:
-        shutil.rmtree(state, ignore_errors=True)   # other settings or other data: the old results do not apply
+        shutil.rmtree(state, ignore_errors=True)  # other settings or other data: the old results do not apply
         print(f"prep: a new sprint in {state}")
     else:
         print(f"prep: continuing the sprint in {state} (same settings and data)")
@@ -69,31 +71,37 @@ def prep(args) -> None:
     write_json(state / "sprint.json", values)
     write_json(state / "bundle.json", manifest)
     write_source(ROOT)
-    print(f"prep: {len(cfg.methods)} methods + control, tasks {', '.join(cfg.tasks)}, {cfg.seeds} seed(s), "
-          f"{cfg.pieces} command(s) of {cfg.piece_seconds:.0f} s (+{cfg.grace_seconds:.0f} s grace)")
+    print(
+        f"prep: {len(cfg.methods)} methods + control, tasks {', '.join(cfg.tasks)}, {cfg.seeds} seed(s), "
+        f"{cfg.pieces} command(s) of {cfg.piece_seconds:.0f} s (+{cfg.grace_seconds:.0f} s grace)"
+    )
     print(f"prep: what travels: {total / 2**20:.1f} MiB (tracked files + .sprint/carry) + .sprint/state; limit 64 MiB")
-    print("next, on the GPU machine (device tool `run`), once per command:\n"
-          "  command: PYTHONUNBUFFERED=1 python3 bench/gpu_sprint.py run --out $OUT\n"
-          "  carry:   [\".sprint/carry\", \".sprint/state\"], timeout_s: 600\n"
-          "then here: python bench/gpu_sprint.py restore <files_at of that run>")
+    print(
+        "next, on the GPU machine (device tool `run`), once per command:\n"
+        "  command: PYTHONUNBUFFERED=1 python3 bench/gpu_sprint.py run --out $OUT\n"
+        '  carry:   [".sprint/carry", ".sprint/state"], timeout_s: 600\n'
+        "then here: python bench/gpu_sprint.py restore <files_at of that run>"
+    )
 
 
 def run(args) -> int:
+    from sprint import clock
     from sprint.piece import run_piece
 
-    from sprint import clock
-
-    started = STARTED if clock() is time.monotonic else 0.0   # CPU time counts from the process's start
+    started = STARTED if clock() is time.monotonic else 0.0  # CPU time counts from the process's start
     return run_piece(ROOT, Path(args.out) if args.out else None, started, args.workers)
 
 
 def restore(args) -> None:
-    from sprint.state import State, restore as restore_state
+    from sprint.state import State
+    from sprint.state import restore as restore_state
 
     target = restore_state(Path(args.source), ROOT)
     pieces = State(ROOT).pieces
-    print(f"restore: {target} holds the state after command {len(pieces)}"
-          f"{' (' + pieces[-1]['stopped'] + ')' if pieces else ''}")
+    print(
+        f"restore: {target} holds the state after command {len(pieces)}"
+        f"{' (' + pieces[-1]['stopped'] + ')' if pieces else ''}"
+    )
 
 
 def import_runs(args) -> None:
@@ -101,8 +109,10 @@ def import_runs(args) -> None:
     from electralab.runlog import import_runlog
 
     counts = import_runlog(state_dir(ROOT) / "runlog", args.tracking_uri)
-    print(f"import: {counts['imported']} run(s) imported, {counts['replaced']} replaced (they had grown), "
-          f"{counts['unchanged']} unchanged; {counts['artifacts_not_found']} artifact(s) named but not on this machine")
+    print(
+        f"import: {counts['imported']} run(s) imported, {counts['replaced']} replaced (they had grown), "
+        f"{counts['unchanged']} unchanged; {counts['artifacts_not_found']} artifact(s) named but not on this machine"
+    )
     if args.report:
         from electralab.io import read_json
         from electralab.report import build_report
@@ -110,7 +120,8 @@ def import_runs(args) -> None:
         preset = read_json(state_dir(ROOT) / "sprint.json").get("preset", "small")
         built = build_report(preset, Path(args.report), args.tracking_uri, runs=load_params(ROOT / "params.yaml").runs)
         filled = sum(c["filled"] for c in built["metrics"]["cells"].values())
-        print(f"import: report of the {preset} preset -> {Path(args.report) / 'index.html'} ({filled} of our cells filled)")
+        index = Path(args.report) / "index.html"
+        print(f"import: report of the {preset} preset -> {index} ({filled} of our cells filled)")
 
 
 def status(args) -> None:
@@ -118,16 +129,28 @@ def status(args) -> None:
 
     state = State(ROOT)
     for p in state.pieces:
-        print(f"command {p['piece']}: {p['started']}, {p.get('seconds', '?')} s, units {', '.join(p['units']) or '-'}: "
-              f"{p['stopped']}")
+        print(
+            f"command {p['piece']}: {p['started']}, {p.get('seconds', '?')} s, units {', '.join(p['units']) or '-'}: "
+            f"{p['stopped']}"
+        )
     for name, unit in state.units.items():
         print(f"{name}: {unit['status']}")
     if (state.dir / "results.md").is_file():
         print((state.dir / "results.md").read_text(encoding="utf-8"))
 
 
-SETTINGS = ("preset", "methods", "tasks", "seeds", "pieces", "piece_seconds", "grace_seconds", "probe_seconds",
-            "workers", "pretrain_seconds")
+SETTINGS = (
+    "preset",
+    "methods",
+    "tasks",
+    "seeds",
+    "pieces",
+    "piece_seconds",
+    "grace_seconds",
+    "probe_seconds",
+    "workers",
+    "pretrain_seconds",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,8 +84,9 @@ def time_step(run, shards: Path) -> float:
 
     cfg, device = run.pretrain, torch.device("cpu")
     precision = resolve_precision(cfg.precision, device)
-    loader = PretrainLoader(shards, "train", micro_batch_size=cfg.micro_batch_size, seed=run.seed,
-                            masking=run.settings.masking)
+    loader = PretrainLoader(
+        shards, "train", micro_batch_size=cfg.micro_batch_size, seed=run.seed, masking=run.settings.masking
+    )
     torch.manual_seed(run.seed)
     objective = build_objective(run.method, run.settings, run.model, run.generators, loader.vocab_size)
     if cfg.dropout is not None:
@@ -126,7 +127,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--corpus-mb", type=float, default=8.0)
-    ap.add_argument("--variant", choices=("loop", "step"), help=argparse.SUPPRESS)   # child processes
+    ap.add_argument("--variant", choices=("loop", "step"), help=argparse.SUPPRESS)  # child processes
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.variant:
@@ -139,19 +140,42 @@ def main() -> None:
         loads = [os.getloadavg()[0]]
         for _ in range(args.repeat):
             for variant in ("step", "loop"):
-                cmd = [sys.executable, __file__, "--variant", variant, "--work", str(work), "--run", args.run,
-                       "--steps", str(args.steps), "--threads", str(args.threads)]
-                proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--variant",
+                    variant,
+                    "--work",
+                    str(work),
+                    "--run",
+                    args.run,
+                    "--steps",
+                    str(args.steps),
+                    "--threads",
+                    str(args.threads),
+                ]
+                proc = subprocess.run(
+                    cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}
+                )
                 if proc.returncode:
                     sys.exit(proc.stderr[-3000:])
                 results[variant].append(json.loads(proc.stdout.strip().splitlines()[-1])["tokens_per_s"])
                 loads.append(os.getloadavg()[0])
                 print(f"{variant}: {results[variant][-1]:,.0f} tokens/s (load {loads[-1]:.1f})", flush=True)
     best = {k: max(v) for k, v in results.items()}
-    report = {"run": args.run, "steps": args.steps, "threads": args.threads, "tokens_per_s": results,
-              "best": best, "loop_over_step": best["loop"] / best["step"], "load_average": loads}
-    print(f"best: loop {best['loop']:,.0f} tokens/s, step {best['step']:,.0f} tokens/s: the loop runs at "
-          f"{report['loop_over_step']:.1%} of its step (target >= 90%); load {min(loads):.1f}-{max(loads):.1f}")
+    report = {
+        "run": args.run,
+        "steps": args.steps,
+        "threads": args.threads,
+        "tokens_per_s": results,
+        "best": best,
+        "loop_over_step": best["loop"] / best["step"],
+        "load_average": loads,
+    }
+    print(
+        f"best: loop {best['loop']:,.0f} tokens/s, step {best['step']:,.0f} tokens/s: the loop runs at "
+        f"{report['loop_over_step']:.1%} of its step (target >= 90%); load {min(loads):.1f}-{max(loads):.1f}"
+    )
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "loop_overhead.json").write_text(json.dumps(report, indent=2))

@@ -64,25 +64,36 @@ INITIAL_TOLERANCE = 1e-5
 # against itself with other sampler random numbers (docs/training.md); the tolerance sits above it and
 # below what a 20% different learning rate gives.
 TOLERANCE = {"mlm": 1e-4, "electra": 2e-2}
-EXACT_TOLERANCE = 1e-4   # ELECTRA's steps before the samplers part
+EXACT_TOLERANCE = 1e-4  # ELECTRA's steps before the samplers part
 SMOOTHING = 10
 
 
 def absolute(cfg: EncoderConfig) -> EncoderConfig:
     """The configuration both sides express: absolute positions only, no dropout."""
-    return dataclasses.replace(cfg, absolute_positions=True, relative_positions=False, dropout=0.0,
-                               attention_dropout=0.0)
+    return dataclasses.replace(
+        cfg, absolute_positions=True, relative_positions=False, dropout=0.0, attention_dropout=0.0
+    )
 
 
 def hf_config(cfg: EncoderConfig, vocab_size: int, config_class):
     """transformers' config of an encoder of ours (ElectraConfig or BertConfig)."""
     extra = {"embedding_size": cfg.embedding} if config_class.model_type == "electra" else {}
-    return config_class(vocab_size=vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
-                        num_attention_heads=cfg.heads, intermediate_size=cfg.ffn, hidden_act="gelu",
-                        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-                        max_position_embeddings=cfg.max_positions, type_vocab_size=2,
-                        layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.initializer_range,
-                        pad_token_id=PAD_ID, **extra)
+    return config_class(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        intermediate_size=cfg.ffn,
+        hidden_act="gelu",
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.attention_dropout,
+        max_position_embeddings=cfg.max_positions,
+        type_vocab_size=2,
+        layer_norm_eps=cfg.layer_norm_eps,
+        initializer_range=cfg.initializer_range,
+        pad_token_id=PAD_ID,
+        **extra,
+    )
 
 
 def prefixed(prefix: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -92,9 +103,14 @@ def prefixed(prefix: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 def lm_head_state(masked_lm: MaskedLM, dense: str, norm: str, decoder: str) -> dict[str, torch.Tensor]:
     """Our LMHead (dense -> GELU -> LayerNorm -> tied table + bias) under transformers' names."""
     lin, _, ln = masked_lm.head.transform
-    return {f"{dense}.weight": lin.weight, f"{dense}.bias": lin.bias, f"{norm}.weight": ln.weight,
-            f"{norm}.bias": ln.bias, f"{decoder}.weight": masked_lm.head.tokens.weight,
-            f"{decoder}.bias": masked_lm.head.bias}
+    return {
+        f"{dense}.weight": lin.weight,
+        f"{dense}.bias": lin.bias,
+        f"{norm}.weight": ln.weight,
+        f"{norm}.bias": ln.bias,
+        f"{decoder}.weight": masked_lm.head.tokens.weight,
+        f"{decoder}.bias": masked_lm.head.bias,
+    }
 
 
 def load_exactly(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -127,14 +143,28 @@ class ElectraPeer(nn.Module):
         self.gen.electra.embeddings = self.disc.electra.embeddings
         self.gen.generator_lm_head.weight = self.disc.electra.embeddings.word_embeddings.weight
         head = ours.rtd_head.net
-        load_exactly(self.disc, {**prefixed("electra.", huggingface_state_dict(ours.discriminator)),
-                                 "discriminator_predictions.dense.weight": head[0].weight,
-                                 "discriminator_predictions.dense.bias": head[0].bias,
-                                 "discriminator_predictions.dense_prediction.weight": head[2].weight,
-                                 "discriminator_predictions.dense_prediction.bias": head[2].bias})
-        load_exactly(self.gen, {**prefixed("electra.", huggingface_state_dict(ours.generator.encoder)),
-                                **lm_head_state(ours.generator, "generator_predictions.dense",
-                                                "generator_predictions.LayerNorm", "generator_lm_head")})
+        load_exactly(
+            self.disc,
+            {
+                **prefixed("electra.", huggingface_state_dict(ours.discriminator)),
+                "discriminator_predictions.dense.weight": head[0].weight,
+                "discriminator_predictions.dense.bias": head[0].bias,
+                "discriminator_predictions.dense_prediction.weight": head[2].weight,
+                "discriminator_predictions.dense_prediction.bias": head[2].bias,
+            },
+        )
+        load_exactly(
+            self.gen,
+            {
+                **prefixed("electra.", huggingface_state_dict(ours.generator.encoder)),
+                **lm_head_state(
+                    ours.generator,
+                    "generator_predictions.dense",
+                    "generator_predictions.LayerNorm",
+                    "generator_lm_head",
+                ),
+            },
+        )
         freeze_token_types(self.disc.electra.embeddings)
 
     def forward(self, batch: Batch) -> Output:
@@ -142,21 +172,26 @@ class ElectraPeer(nn.Module):
         labels = batch.input_ids.masked_fill(~batch.mlm_mask, -100)
         gen = self.gen(input_ids=batch.masked_ids, attention_mask=mask, labels=labels)
         logits = gen.logits[batch.mlm_mask]
-        replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(logits))   # the same sampler as ours
+        replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(logits))  # the same sampler as ours
         is_replaced = replaced != batch.input_ids
         disc = self.disc(input_ids=replaced, attention_mask=mask, labels=is_replaced.long())
         real = batch.attention_mask
         predicted = disc.logits[real] > 0
-        metrics = {"gen_loss": gen.loss.detach(), "rtd_loss": disc.loss.detach(),
-                   "gen_acc": accuracy(logits.argmax(-1), batch.input_ids[batch.mlm_mask]),
-                   "rtd_acc_replaced": accuracy(predicted, is_replaced[real], is_replaced[real]),
-                   "replaced_fraction": is_replaced[real].float().mean()}
+        metrics = {
+            "gen_loss": gen.loss.detach(),
+            "rtd_loss": disc.loss.detach(),
+            "gen_acc": accuracy(logits.argmax(-1), batch.input_ids[batch.mlm_mask]),
+            "rtd_acc_replaced": accuracy(predicted, is_replaced[real], is_replaced[real]),
+            "replaced_fraction": is_replaced[real].float().mean(),
+        }
         return Output(gen.loss + self.rtd_weight * disc.loss, metrics)
 
     def head_outputs(self, batch: Batch) -> dict[str, torch.Tensor]:
         mask = batch.attention_mask.long()
-        return {"gen_logits": self.gen(input_ids=batch.masked_ids, attention_mask=mask).logits[batch.mlm_mask],
-                "rtd_logits": self.disc(input_ids=batch.input_ids, attention_mask=mask).logits}
+        return {
+            "gen_logits": self.gen(input_ids=batch.masked_ids, attention_mask=mask).logits[batch.mlm_mask],
+            "rtd_logits": self.disc(input_ids=batch.input_ids, attention_mask=mask).logits,
+        }
 
     def final_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.disc.electra(input_ids=input_ids, attention_mask=attention_mask.long()).last_hidden_state
@@ -175,15 +210,25 @@ class MLMPeer(nn.Module):
         if cfg.embedding == cfg.hidden:
             self.model = BertForMaskedLM(hf_config(cfg, vocab, BertConfig))
             self.base = self.model.bert
-            state = {**prefixed("bert.", encoder), "cls.predictions.bias": ours.mlm.head.bias,
-                     **lm_head_state(ours.mlm, "cls.predictions.transform.dense",
-                                     "cls.predictions.transform.LayerNorm", "cls.predictions.decoder")}
+            state = {
+                **prefixed("bert.", encoder),
+                "cls.predictions.bias": ours.mlm.head.bias,
+                **lm_head_state(
+                    ours.mlm,
+                    "cls.predictions.transform.dense",
+                    "cls.predictions.transform.LayerNorm",
+                    "cls.predictions.decoder",
+                ),
+            }
         else:
             self.model = ElectraForMaskedLM(hf_config(cfg, vocab, ElectraConfig))
             self.base = self.model.electra
-            state = {**prefixed("electra.", encoder),
-                     **lm_head_state(ours.mlm, "generator_predictions.dense", "generator_predictions.LayerNorm",
-                                     "generator_lm_head")}
+            state = {
+                **prefixed("electra.", encoder),
+                **lm_head_state(
+                    ours.mlm, "generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head"
+                ),
+            }
         load_exactly(self.model, state)
         if self.model.get_output_embeddings().weight is not self.base.embeddings.word_embeddings.weight:
             raise AssertionError("transformers did not tie the MLM decoder to the token table")
@@ -207,17 +252,18 @@ PEERS = {"electra": ElectraPeer, "mlm": MLMPeer}
 PARTS = {"electra": ("loss", "gen_loss", "rtd_loss"), "mlm": ("loss",)}
 
 
-def build_pair(method: str, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int,
-               settings=None, seed: int = 1) -> tuple[Objective, nn.Module]:
+def build_pair(
+    method: str, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int, settings=None, seed: int = 1
+) -> tuple[Objective, nn.Module]:
     """Our objective (absolute positions, dropout 0, seeded init) and transformers' peer with its weights."""
     torch.manual_seed(seed)
-    settings = settings or method_settings(method, None)   # None: the method's defaults
+    settings = settings or method_settings(method, None)  # None: the method's defaults
     ours = build_objective(method, settings, absolute(model), generators, vocab_size)
     return ours, PEERS[method](ours)
 
 
 def trainable(module: nn.Module) -> list[torch.Tensor]:
-    return [p for p in module.parameters() if p.requires_grad]   # parameters() lists a shared one once
+    return [p for p in module.parameters() if p.requires_grad]  # parameters() lists a shared one once
 
 
 def count_trainable(module: nn.Module) -> int:
@@ -274,8 +320,9 @@ def initial_outputs(ours: Objective, peer: nn.Module, batch: Batch, seed: int = 
         o = side(batch)
         out[name] = {"loss": float(o.loss), **{k: float(v) for k, v in o.metrics.items()}}
         heads[name] = head_outputs(side, batch)
-    out["outputs"] = {k: float((heads["electralab"][k] - v).abs().max() / v.abs().max())
-                      for k, v in heads["transformers"].items()}
+    out["outputs"] = {
+        k: float((heads["electralab"][k] - v).abs().max() / v.abs().max()) for k, v in heads["transformers"].items()
+    }
     return out
 
 
@@ -285,13 +332,15 @@ def max_relative(a: dict[str, float], b: dict[str, float], keys) -> float:
 
 def first_forward_deviation(initial: dict[str, dict[str, float]], method: str) -> float:
     """The largest relative difference of the first forward: losses and every head's outputs."""
-    return max(max_relative(initial["electralab"], initial["transformers"], PARTS[method]),
-               *initial["outputs"].values())
+    return max(
+        max_relative(initial["electralab"], initial["transformers"], PARTS[method]), *initial["outputs"].values()
+    )
 
 
 @dataclass(frozen=True)
 class Schedule:
     """The optimisation both sides share (the preset's pretrain settings over `steps`)."""
+
     steps: int
     lr: float
     warmup_steps: int
@@ -303,16 +352,30 @@ class Schedule:
 
     @classmethod
     def from_pretrain(cls, cfg: PretrainConfig, steps: int, **overrides) -> "Schedule":
-        values = dict(steps=steps, lr=cfg.lr, warmup_steps=cfg.warmup_steps, adam_betas=tuple(cfg.adam_betas),
-                      adam_eps=cfg.adam_eps, weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm, seed=cfg.seed)
+        values = dict(
+            steps=steps,
+            lr=cfg.lr,
+            warmup_steps=cfg.warmup_steps,
+            adam_betas=tuple(cfg.adam_betas),
+            adam_eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+            clip_norm=cfg.clip_norm,
+            seed=cfg.seed,
+        )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
 
-def train_side_by_side(ours: Objective, peer: nn.Module, batches, schedule: Schedule,
-                       probe: Batch | None = None, probe_every: int = 50,
-                       peer_lr: float | None = None,
-                       peer_seed: int | None = None) -> dict[str, dict[str, list[float]]]:
+def train_side_by_side(
+    ours: Objective,
+    peer: nn.Module,
+    batches,
+    schedule: Schedule,
+    probe: Batch | None = None,
+    probe_every: int = 50,
+    peer_lr: float | None = None,
+    peer_seed: int | None = None,
+) -> dict[str, dict[str, list[float]]]:
     """Train both sides in lock-step on the same batches; per side and metric, one value per step.
 
     Before each side's step the global RNG is seeded with the same (seed, step) value: with dropout 0 the
@@ -326,8 +389,9 @@ def train_side_by_side(ours: Objective, peer: nn.Module, batches, schedule: Sche
     optimisers, schedules = {}, {}
     for name, side in sides.items():
         lr = peer_lr if name == "transformers" and peer_lr else schedule.lr
-        optimisers[name] = make_adamw(side, lr=lr, betas=schedule.adam_betas, eps=schedule.adam_eps,
-                                      weight_decay=schedule.weight_decay)
+        optimisers[name] = make_adamw(
+            side, lr=lr, betas=schedule.adam_betas, eps=schedule.adam_eps, weight_decay=schedule.weight_decay
+        )
         schedules[name] = linear_schedule(optimisers[name], schedule.warmup_steps, schedule.steps)
         side.train()
     for step, batch in zip(range(schedule.steps), batches):
@@ -341,15 +405,19 @@ def train_side_by_side(ours: Objective, peer: nn.Module, batches, schedule: Sche
             optimisers[name].step()
             schedules[name].step()
             optimisers[name].zero_grad(set_to_none=True)
-            values = {"step_s": time.perf_counter() - started, "loss": float(out.loss.detach()),
-                      "grad_norm": float(grad_norm),
-                      **{k: float(v) for k, v in out.metrics.items()}}
+            values = {
+                "step_s": time.perf_counter() - started,
+                "loss": float(out.loss.detach()),
+                "grad_norm": float(grad_norm),
+                **{k: float(v) for k, v in out.metrics.items()},
+            }
             if replacements:
                 values["replaced_checksum"] = checksum(replacements[name]["ids"])
             if probe is not None and ((step + 1) % probe_every == 0 or step + 1 == schedule.steps):
                 with torch.no_grad():
                     values["token_cosine"] = token_cosine(
-                        final_hidden(side, probe.input_ids, probe.attention_mask), probe.attention_mask)
+                        final_hidden(side, probe.input_ids, probe.attention_mask), probe.attention_mask
+                    )
             for k, v in values.items():
                 curves[name].setdefault(k, []).append(v)
     return curves
@@ -367,9 +435,13 @@ def deviation(curves: dict[str, dict[str, list[float]]], key: str, window: int =
     per_step = np.abs(ours - ref) / np.abs(ref)
     a, b = moving_average(ours, window), moving_average(ref, window)
     smoothed = np.abs(a - b) / np.abs(b)
-    return {"max_step": float(per_step.max()), "max_step_at": int(per_step.argmax()) + 1,
-            "max_smoothed": float(smoothed.max()), "max_smoothed_at": int(smoothed.argmax()) + window,
-            "final_smoothed": float(smoothed[-1])}
+    return {
+        "max_step": float(per_step.max()),
+        "max_step_at": int(per_step.argmax()) + 1,
+        "max_smoothed": float(smoothed.max()),
+        "max_smoothed_at": int(smoothed.argmax()) + window,
+        "final_smoothed": float(smoothed[-1]),
+    }
 
 
 def samplers_part(curves: dict[str, dict[str, list[float]]], keys) -> dict[str, float | int | None]:
@@ -379,8 +451,11 @@ def samplers_part(curves: dict[str, dict[str, list[float]]], keys) -> dict[str, 
     differ = np.array(ours["replaced_checksum"]) != np.array(ref["replaced_checksum"])
     parted = int(differ.argmax()) + 1 if differ.any() else None
     end = parted - 1 if parted else len(differ)
-    before = max(float(np.max(np.abs(np.array(ours[k][:end]) - ref[k][:end]) / np.abs(ref[k][:end])))
-                 for k in keys) if end else 0.0
+    before = (
+        max(float(np.max(np.abs(np.array(ours[k][:end]) - ref[k][:end]) / np.abs(ref[k][:end]))) for k in keys)
+        if end
+        else 0.0
+    )
     return {"parted_at": parted, "max_step_before": before}
 
 
@@ -401,6 +476,7 @@ def compare(curves: dict[str, dict[str, list[float]]], method: str) -> dict:
 # --------------------------------------------------------------------------------------------
 # The bench: the active preset's shape on shards of its corpus
 # --------------------------------------------------------------------------------------------
+
 
 def preset_shards(preset, out_root: Path) -> Path:
     """Shards of the preset's corpus, vocabulary and block length, built once under bench/out/."""
@@ -427,30 +503,49 @@ def checkpoints(steps: int) -> list[int]:
 PROBE_EVERY = 25
 
 
-def run_method(method: str, preset, settings, shards: Path, schedule: Schedule, batch_size: int,
-               noise_floor: bool = False) -> dict:
-    loader = PretrainLoader(shards, "train", micro_batch_size=batch_size, seed=schedule.seed,
-                            masking=settings.masking)
+def run_method(
+    method: str, preset, settings, shards: Path, schedule: Schedule, batch_size: int, noise_floor: bool = False
+) -> dict:
+    loader = PretrainLoader(shards, "train", micro_batch_size=batch_size, seed=schedule.seed, masking=settings.masking)
     vocab = loader.vocab_size
-    probe = next(iter(PretrainLoader(shards, "validation", micro_batch_size=batch_size, seed=schedule.seed,
-                                     masking=settings.masking, verify=False)))
+    probe = next(
+        iter(
+            PretrainLoader(
+                shards,
+                "validation",
+                micro_batch_size=batch_size,
+                seed=schedule.seed,
+                masking=settings.masking,
+                verify=False,
+            )
+        )
+    )
     ours, peer = build_pair(method, preset.model, preset.generators, vocab, settings, schedule.seed)
-    twins = (copy.deepcopy(ours), copy.deepcopy(ours)) if noise_floor else None   # before any step
-    first = next(iter(PretrainLoader(shards, "train", micro_batch_size=batch_size, seed=schedule.seed,
-                                     masking=settings.masking)))
+    twins = (copy.deepcopy(ours), copy.deepcopy(ours)) if noise_floor else None  # before any step
+    first = next(
+        iter(PretrainLoader(shards, "train", micro_batch_size=batch_size, seed=schedule.seed, masking=settings.masking))
+    )
     initial = initial_outputs(ours, peer, first, schedule.seed)
     started, cpu = time.perf_counter(), time.process_time()
     curves = train_side_by_side(ours, peer, iter(loader), schedule, probe=probe, probe_every=PROBE_EVERY)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     extra = {}
-    if twins:   # ours against ours with other sampler random numbers: how far sampling alone moves the curves
-        loader = PretrainLoader(shards, "train", micro_batch_size=batch_size, seed=schedule.seed,
-                                masking=settings.masking)
+    if twins:  # ours against ours with other sampler random numbers: how far sampling alone moves the curves
+        loader = PretrainLoader(
+            shards, "train", micro_batch_size=batch_size, seed=schedule.seed, masking=settings.masking
+        )
         floor = train_side_by_side(*twins, iter(loader), schedule, peer_seed=schedule.seed + 1)
         extra["noise_floor"] = {k: deviation(floor, k) for k in PARTS[method]}
-    return {"initial": initial, "initial_max_relative": first_forward_deviation(initial, method),
-            **compare(curves, method), **extra, "seconds": seconds, "cpu_seconds": cpu_seconds,
-            "peer": peer_name(peer), "curves": curves}
+    return {
+        "initial": initial,
+        "initial_max_relative": first_forward_deviation(initial, method),
+        **compare(curves, method),
+        **extra,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "peer": peer_name(peer),
+        "curves": curves,
+    }
 
 
 def peer_name(peer: nn.Module) -> str:
@@ -461,23 +556,33 @@ def peer_name(peer: nn.Module) -> str:
 def report(method: str, result: dict, steps: int) -> None:
     c, parts = result["curves"], PARTS[method]
     step_s = {side: np.median(c[side]["step_s"]) for side in c}
-    print(f"\n{method}: peer {result['peer']}, {result['seconds']:.0f} s, {result['cpu_seconds']:.0f} CPU-s (median "
-          f"step: ours {step_s['electralab']:.3f} s, transformers {step_s['transformers']:.3f} s), first forward "
-          f"max rel. diff {result['initial_max_relative']:.1e}")
+    print(
+        f"\n{method}: peer {result['peer']}, {result['seconds']:.0f} s, {result['cpu_seconds']:.0f} CPU-s (median "
+        f"step: ours {step_s['electralab']:.3f} s, transformers {step_s['transformers']:.3f} s), first forward "
+        f"max rel. diff {result['initial_max_relative']:.1e}"
+    )
     print(f"{'step':>6}" + "".join(f"{p + ' ours':>14}{p + ' hf':>14}" for p in parts))
     for s in checkpoints(steps):
-        print(f"{s:>6}" + "".join(f"{c['electralab'][p][s - 1]:>14.5f}{c['transformers'][p][s - 1]:>14.5f}"
-                                  for p in parts))
+        print(
+            f"{s:>6}"
+            + "".join(f"{c['electralab'][p][s - 1]:>14.5f}{c['transformers'][p][s - 1]:>14.5f}" for p in parts)
+        )
     for p, d in result["deviation"].items():
-        print(f"  {p:<9} max rel. deviation per step {d['max_step']:.2e} (step {d['max_step_at']}), {SMOOTHING}-step "
-              f"mean {d['max_smoothed']:.2e} (step {d['max_smoothed_at']}), final {d['final_smoothed']:.2e}")
+        print(
+            f"  {p:<9} max rel. deviation per step {d['max_step']:.2e} (step {d['max_step_at']}), {SMOOTHING}-step "
+            f"mean {d['max_smoothed']:.2e} (step {d['max_smoothed_at']}), final {d['final_smoothed']:.2e}"
+        )
     for p, d in result.get("noise_floor", {}).items():
-        print(f"  noise floor {p:<9} (ours vs ours, other sampler numbers) per step {d['max_step']:.2e}, "
-              f"{SMOOTHING}-step mean {d['max_smoothed']:.2e} (step {d['max_smoothed_at']})")
+        print(
+            f"  noise floor {p:<9} (ours vs ours, other sampler numbers) per step {d['max_step']:.2e}, "
+            f"{SMOOTHING}-step mean {d['max_smoothed']:.2e} (step {d['max_smoothed_at']})"
+        )
     if "samplers" in result:
         sp = result["samplers"]
-        print(f"  samplers parted at step {sp['parted_at']}; before it max rel. deviation per step "
-              f"{sp['max_step_before']:.2e} (tolerance {EXACT_TOLERANCE:.0e})")
+        print(
+            f"  samplers parted at step {sp['parted_at']}; before it max rel. deviation per step "
+            f"{sp['max_step_before']:.2e} (tolerance {EXACT_TOLERANCE:.0e})"
+        )
     verdict = "within" if result["within_tolerance"] else "EXCEEDS"
     print(f"  {verdict} the tolerance ({TOLERANCE[method]:.0e} on the {SMOOTHING}-step mean)")
     probed = [s for s in range(1, steps + 1) if s % PROBE_EVERY == 0 or s == steps]
@@ -499,8 +604,11 @@ def main() -> None:
     ap.add_argument("--lr", type=float, help="default: the preset's pretrain.lr")
     ap.add_argument("--warmup-steps", type=int, help="default: the preset's pretrain.warmup_steps")
     ap.add_argument("--batch-size", type=int, help="default: the preset's pretrain.batch_size")
-    ap.add_argument("--noise-floor", action="store_true",
-                    help="also train ours against ours with other sampler random numbers (ELECTRA)")
+    ap.add_argument(
+        "--noise-floor",
+        action="store_true",
+        help="also train ours against ours with other sampler random numbers (ELECTRA)",
+    )
     ap.add_argument("--shards", type=Path, help="shards of the preset's vocabulary (default: built under bench/out)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
@@ -512,18 +620,29 @@ def main() -> None:
     schedule = Schedule.from_pretrain(preset.pretrain, args.steps, lr=args.lr, warmup_steps=args.warmup_steps)
     batch_size = args.batch_size or preset.pretrain.batch_size
     model = absolute(preset.model)
-    print(f"preset={params.preset} model {model.layers}x{model.hidden} (embedding {model.embedding}, ffn "
-          f"{model.ffn}), ELECTRA generator {to_dict(preset.generators.electra)}, batch {batch_size}, "
-          f"steps {schedule.steps}, lr {schedule.lr}, warm-up {schedule.warmup_steps}, threads "
-          f"{torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}")
-    results = {"preset": params.preset, "model": to_dict(model), "generators": to_dict(preset.generators),
-               "schedule": dataclasses.asdict(schedule), "batch_size": batch_size, "tolerance": TOLERANCE,
-               "smoothing": SMOOTHING, "load_average": os.getloadavg()[0], "threads": torch.get_num_threads(),
-               "methods": {}}
+    print(
+        f"preset={params.preset} model {model.layers}x{model.hidden} (embedding {model.embedding}, ffn "
+        f"{model.ffn}), ELECTRA generator {to_dict(preset.generators.electra)}, batch {batch_size}, "
+        f"steps {schedule.steps}, lr {schedule.lr}, warm-up {schedule.warmup_steps}, threads "
+        f"{torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}"
+    )
+    results = {
+        "preset": params.preset,
+        "model": to_dict(model),
+        "generators": to_dict(preset.generators),
+        "schedule": dataclasses.asdict(schedule),
+        "batch_size": batch_size,
+        "tolerance": TOLERANCE,
+        "smoothing": SMOOTHING,
+        "load_average": os.getloadavg()[0],
+        "threads": torch.get_num_threads(),
+        "methods": {},
+    }
     for method in args.methods:
         settings = method_settings(method, params.methods.get(method))
-        results["methods"][method] = run_method(method, preset, settings, shards, schedule, batch_size,
-                                                args.noise_floor and method == "electra")
+        results["methods"][method] = run_method(
+            method, preset, settings, shards, schedule, batch_size, args.noise_floor and method == "electra"
+        )
         report(method, results["methods"][method], schedule.steps)
     name = f"parity_{params.preset}_lr{schedule.lr:g}_w{schedule.warmup_steps}_s{schedule.steps}.json"
     (out / name).write_text(json.dumps(results, indent=1))

@@ -2,7 +2,8 @@
 
     ELECTRALAB_DATA=../shared/data PYTHONPATH=src python bench/pipeline_timing.py                  # every stage
     ELECTRALAB_DATA=../shared/data PYTHONPATH=src python bench/pipeline_timing.py corpus shards pretrain@mlm
-    ELECTRALAB_DATA=../shared/data python bench/pipeline_timing.py $(python flows/reproduce.py --tables coco-lm/table1 --targets) report
+    ELECTRALAB_DATA=../shared/data python bench/pipeline_timing.py \
+        $(python flows/reproduce.py --tables coco-lm/table1 --targets) report
     python bench/pipeline_timing.py --project /tmp/fresh-clone                                     # another checkout
 
 Runs `dvc repro <stage>` once per stage, in `dvc stage list` order (the registry's order: producers before
@@ -37,10 +38,17 @@ def main() -> None:
 
     beside = Path(sys.executable).parent / "dvc"
     dvc = str(beside) if beside.exists() else "dvc"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    stages = args.stages or subprocess.run([dvc, "stage", "list", "--name-only"], cwd=args.project, env=env,
-                                           capture_output=True, text=True, check=True).stdout.split()
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    stages = (
+        args.stages
+        or subprocess.run(
+            [dvc, "stage", "list", "--name-only"], cwd=args.project, env=env, capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
     log = args.out.with_suffix(".log")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows, started = [], time.monotonic()
@@ -51,12 +59,18 @@ def main() -> None:
             # The report alone, as the flow runs it: with a subset of stages, plain `dvc repro report` would
             # first train every run the report depends on.
             single = ["--single-item"] if stage == "report" else []
-            proc = subprocess.Popen([dvc, "repro", *single, stage], cwd=args.project, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [dvc, "repro", *single, stage], cwd=args.project, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
             _, status, usage = os.wait4(proc.pid, 0)
             wall = time.monotonic() - t0
-            row = {"stage": stage, "wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-                   "load_before": round(load, 2), "exit": os.waitstatus_to_exitcode(status)}
+            row = {
+                "stage": stage,
+                "wall_s": round(wall, 2),
+                "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+                "load_before": round(load, 2),
+                "exit": os.waitstatus_to_exitcode(status),
+            }
             if stage.startswith("pretrain@"):
                 metrics = args.project / "metrics" / "pretrain" / f"{stage.split('@')[1]}.json"
                 if metrics.exists():
@@ -70,25 +84,36 @@ def main() -> None:
 
     families: dict[str, dict[str, float]] = {}
     for r in rows:
-        f = families.setdefault(r["stage"].split("@")[0], {"count": 0, "wall_s": 0.0, "cpu_s": 0.0,
-                                                           "loop_s": 0.0, "overhead_s": 0.0})
+        f = families.setdefault(
+            r["stage"].split("@")[0], {"count": 0, "wall_s": 0.0, "cpu_s": 0.0, "loop_s": 0.0, "overhead_s": 0.0}
+        )
         f["count"] += 1
         for k in ("wall_s", "cpu_s", "loop_s", "overhead_s"):
             f[k] += r.get(k, 0.0)
-    result = {"project": str(args.project), "total_wall_s": round(total, 1), "stages": rows,
-              "families": families, "cpu_count": os.cpu_count(), "machine": platform.platform(),
-              "python": platform.python_version(), "log": str(log)}
+    result = {
+        "project": str(args.project),
+        "total_wall_s": round(total, 1),
+        "stages": rows,
+        "families": families,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "log": str(log),
+    }
     args.out.write_text(json.dumps(result, indent=2))
 
-    print(f"\n{len(rows)} stages, {total / 60:.1f} min wall ({os.cpu_count()} cores; mean load average before a "
-          f"stage {sum(r['load_before'] for r in rows) / max(len(rows), 1):.1f})\n")
+    print(
+        f"\n{len(rows)} stages, {total / 60:.1f} min wall ({os.cpu_count()} cores; mean load average before a "
+        f"stage {sum(r['load_before'] for r in rows) / max(len(rows), 1):.1f})\n"
+    )
     print("| stages | count | wall min | CPU min | mean wall s | mean loop s | mean start-up + export s |")
     print("|---|---|---|---|---|---|---|")
     for name, f in families.items():
         n = f["count"]
         loop = f"{f['loop_s'] / n:.1f}" if f["loop_s"] else "-"
         over = f"{f['overhead_s'] / n:.1f}" if f["loop_s"] else "-"
-        print(f"| {name} | {n} | {f['wall_s'] / 60:.1f} | {f['cpu_s'] / 60:.1f} | {f['wall_s'] / n:.1f} | {loop} | {over} |")
+        minutes = f"{f['wall_s'] / 60:.1f} | {f['cpu_s'] / 60:.1f}"
+        print(f"| {name} | {n} | {minutes} | {f['wall_s'] / n:.1f} | {loop} | {over} |")
     slowest = sorted(rows, key=lambda r: -r["wall_s"])[:8]
     print("\nslowest: " + ", ".join(f"{r['stage']} {r['wall_s']:.0f} s" for r in slowest))
     print(f"-> {args.out}")

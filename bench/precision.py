@@ -33,8 +33,11 @@ def loss_curve(tracking_uri: str, run_name: str) -> dict[int, float]:
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri)
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], f"tags.run = '{run_name}'",
-                              order_by=["attributes.start_time DESC"])
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        f"tags.run = '{run_name}'",
+        order_by=["attributes.start_time DESC"],
+    )
     return {m.step: m.value for m in client.get_metric_history(runs[0].info.run_id, "loss")}
 
 
@@ -60,32 +63,58 @@ def main() -> None:
     seeds = args.seeds or list(params.active.finetune.seeds)
     shards, vocab = build_data(args.out)
     base = resolve_run(params, args.run)
-    report: dict = {"run": args.run, "steps": args.steps, "cpu_native_bf16": cpu_has_native_bf16(),
-                    "load_average_start": os.getloadavg()[0], "precisions": {}}
+    report: dict = {
+        "run": args.run,
+        "steps": args.steps,
+        "cpu_native_bf16": cpu_has_native_bf16(),
+        "load_average_start": os.getloadavg()[0],
+        "precisions": {},
+    }
     for precision in ("fp32", "bf16"):
-        cfg = dataclasses.replace(base.pretrain, steps=args.steps, precision=precision, checkpoint_fractions=(1.0,),
-                                  warmup_steps=min(base.pretrain.warmup_steps, args.steps // 10))
+        cfg = dataclasses.replace(
+            base.pretrain,
+            steps=args.steps,
+            precision=precision,
+            checkpoint_fractions=(1.0,),
+            warmup_steps=min(base.pretrain.warmup_steps, args.steps // 10),
+        )
         run = dataclasses.replace(base, name=f"{args.run}-{precision}", pretrain=cfg)
-        summary = pretrain(run, shards, args.out / "models" / run.name, args.out / "scratch" / run.name,
-                           vocab_dir=vocab, show_progress=False)
-        finetuned = finetune_point(str(args.out / "models" / run.name / "encoder"), args.tasks, seeds, args.workers,
-                                   precision=precision)
-        report["precisions"][precision] = {"tokens_per_s": summary["tokens_per_s"], "loss": loss_curve(uri, run.name),
-                                           "finetune": finetuned}
+        summary = pretrain(
+            run,
+            shards,
+            args.out / "models" / run.name,
+            args.out / "scratch" / run.name,
+            vocab_dir=vocab,
+            show_progress=False,
+        )
+        finetuned = finetune_point(
+            str(args.out / "models" / run.name / "encoder"), args.tasks, seeds, args.workers, precision=precision
+        )
+        report["precisions"][precision] = {
+            "tokens_per_s": summary["tokens_per_s"],
+            "loss": loss_curve(uri, run.name),
+            "finetune": finetuned,
+        }
     fp32, bf16 = report["precisions"]["fp32"], report["precisions"]["bf16"]
     after = [s for s in fp32["loss"] if s > cfg.warmup_steps and s in bf16["loss"]]
-    report["max_relative_loss_difference"] = max(abs(bf16["loss"][s] - fp32["loss"][s]) / fp32["loss"][s] for s in after)
+    report["max_relative_loss_difference"] = max(
+        abs(bf16["loss"][s] - fp32["loss"][s]) / fp32["loss"][s] for s in after
+    )
     report["load_average_end"] = os.getloadavg()[0]
-    lines = [f"| task | fp32 median ± std | bf16 median ± std | bf16 − fp32 | pooled std |", "|---|---|---|---|---|"]
+    lines = ["| task | fp32 median ± std | bf16 median ± std | bf16 − fp32 | pooled std |", "|---|---|---|---|---|"]
     for task in args.tasks:
         a, b = fp32["finetune"][task], bf16["finetune"][task]
         pooled = (statistics.pvariance(a["seeds"].values()) / 2 + statistics.pvariance(b["seeds"].values()) / 2) ** 0.5
-        lines.append(f"| {task} | {a['median']:.2f} ± {a['std']:.2f} | {b['median']:.2f} ± {b['std']:.2f} | "
-                     f"{b['median'] - a['median']:+.2f} | {pooled:.2f} |")
-    text = (f"{args.run}, {args.steps} steps: tokens/s fp32 {fp32['tokens_per_s']:,.0f}, bf16 {bf16['tokens_per_s']:,.0f} "
-            f"({bf16['tokens_per_s'] / fp32['tokens_per_s']:.2f}x); largest relative loss difference after the warm-up "
-            f"{report['max_relative_loss_difference']:.2%}; load {report['load_average_start']:.1f}-"
-            f"{report['load_average_end']:.1f}\n\n" + "\n".join(lines) + "\n")
+        lines.append(
+            f"| {task} | {a['median']:.2f} ± {a['std']:.2f} | {b['median']:.2f} ± {b['std']:.2f} | "
+            f"{b['median'] - a['median']:+.2f} | {pooled:.2f} |"
+        )
+    text = (
+        f"{args.run}, {args.steps} steps: tokens/s fp32 {fp32['tokens_per_s']:,.0f}, bf16 {bf16['tokens_per_s']:,.0f} "
+        f"({bf16['tokens_per_s'] / fp32['tokens_per_s']:.2f}x); largest relative loss difference after the warm-up "
+        f"{report['max_relative_loss_difference']:.2%}; load {report['load_average_start']:.1f}-"
+        f"{report['load_average_end']:.1f}\n\n" + "\n".join(lines) + "\n"
+    )
     print(text)
     (args.out / "precision.md").write_text(text)
     (args.out / "precision.json").write_text(json.dumps(report, indent=1, default=str))

@@ -52,13 +52,14 @@ def main() -> None:
         cfg = run.pretrain
         started = time.perf_counter()
         producer = producer_of(run.spec.reads)
-        if producer is not None:   # built on another run's output (not there yet): that run's model, same FLOPs
+        if producer is not None:  # built on another run's output (not there yet): that run's model, same FLOPs
             flops = flops_of[producer]
         elif run.method == "none":  # the no-pretraining control takes no step
             flops = 0
         else:
-            loader = PretrainLoader(shards, "train", micro_batch_size=cfg.micro_batch_size, seed=run.seed,
-                                    masking=run.settings.masking)
+            loader = PretrainLoader(
+                shards, "train", micro_batch_size=cfg.micro_batch_size, seed=run.seed, masking=run.settings.masking
+            )
             batch = next(iter(loader))
             torch.manual_seed(run.seed)
             objective = build_objective(run.method, run.settings, run.model, run.generators, vocab_size).train()
@@ -66,21 +67,43 @@ def main() -> None:
         flops_of[name] = flops
         per_step = flops * (cfg.batch_size // cfg.micro_batch_size)
         seconds = (cfg.steps * per_step / (args.gflops * 1e9) if flops else 0.0) + args.overhead
-        rows.append({"run": name, "method": run.method, "gflop_per_step": round(per_step / 1e9, 2),
-                     "estimated_s": round(seconds, 1), "measure_s": round(time.perf_counter() - started, 2)})
+        rows.append(
+            {
+                "run": name,
+                "method": run.method,
+                "gflop_per_step": round(per_step / 1e9, 2),
+                "estimated_s": round(seconds, 1),
+                "measure_s": round(time.perf_counter() - started, 2),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
 
     total = sum(r["estimated_s"] for r in rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"preset": params.preset, "gflops": args.gflops, "overhead_s": args.overhead,
-                                    "total_estimated_s": round(total, 1), "runs": rows}, indent=2))
-    print(f"\npreset {params.preset}: {len(rows)} runs, {params.active.pretrain.steps} steps (budgets: each run's own); rate "
-          f"{args.gflops:.1f} GFLOP/s, {args.overhead:.0f} s fixed per run\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "preset": params.preset,
+                "gflops": args.gflops,
+                "overhead_s": args.overhead,
+                "total_estimated_s": round(total, 1),
+                "runs": rows,
+            },
+            indent=2,
+        )
+    )
+    print(
+        f"\npreset {params.preset}: {len(rows)} runs, {params.active.pretrain.steps} steps "
+        "(budgets: each run's own); rate "
+        f"{args.gflops:.1f} GFLOP/s, {args.overhead:.0f} s fixed per run\n"
+    )
     print("| method | runs | GFLOP/step (min-max) | estimated min |\n|---|---|---|---|")
     for method in dict.fromkeys(r["method"] for r in rows):
         group = [r for r in rows if r["method"] == method]
         g = [r["gflop_per_step"] for r in group]
-        print(f"| {method} | {len(group)} | {min(g):.1f}-{max(g):.1f} | {sum(r['estimated_s'] for r in group) / 60:.1f} |")
+        print(
+            f"| {method} | {len(group)} | {min(g):.1f}-{max(g):.1f} | {sum(r['estimated_s'] for r in group) / 60:.1f} |"
+        )
     print(f"| all | {len(rows)} | | {total / 60:.1f} |\n-> {args.out}")
 
 

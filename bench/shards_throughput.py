@@ -41,6 +41,7 @@ SOURCE = "enwiki_featured_articles.txt"
 # The two variants (each runs in its own child process)
 # --------------------------------------------------------------------------------------------
 
+
 def run_baseline(corpus_dir: Path, vocab_dir: Path, out_dir: Path, seq_len: int) -> None:
     import datasets
     import numpy as np
@@ -69,7 +70,7 @@ def run_baseline(corpus_dir: Path, vocab_dir: Path, out_dir: Path, seq_len: int)
     ds = ds.map(tokenize, batched=True, remove_columns=ds.column_names)
     stream = list(itertools.chain.from_iterable(ds["input_ids"]))
     body = seq_len - 2
-    blocks = [[CLS_ID] + stream[i:i + body] + [SEP_ID] for i in range(0, len(stream), body)]
+    blocks = [[CLS_ID] + stream[i : i + body] + [SEP_ID] for i in range(0, len(stream), body)]
     blocks[-1] += [PAD_ID] * (seq_len - len(blocks[-1]))
     np.array(blocks, dtype=np.uint16).tofile(out_dir / "train.bin")
 
@@ -86,8 +87,7 @@ def child(variant: str, corpus_dir: Path, vocab_dir: Path, out_dir: Path, seq_le
     started = time.perf_counter()
     {"baseline": run_baseline, "ours": run_ours}[variant](corpus_dir, vocab_dir, out_dir, seq_len)
     seconds = time.perf_counter() - started
-    files = [out_dir / "train.bin"] if variant == "baseline" else \
-        sorted((out_dir / "shards").glob("train-*.bin"))
+    files = [out_dir / "train.bin"] if variant == "baseline" else sorted((out_dir / "shards").glob("train-*.bin"))
     h = hashlib.sha256()
     for f in files:
         h.update(f.read_bytes())
@@ -113,19 +113,23 @@ def run_child(args: list[str], env: dict) -> dict:
             infos = [p.memory_full_info() for p in (proc, *proc.children(recursive=True))]
             peak_rss = max(peak_rss, sum(i.rss for i in infos))
             peak_pss = max(peak_pss, sum(i.pss for i in infos))
-        except psutil.Error:   # a process ended between listing and reading
+        except psutil.Error:  # a process ended between listing and reading
             pass
         time.sleep(0.02)
     out, err = proc.communicate()
     if proc.returncode:
         sys.exit(f"{' '.join(args)} failed:\n{err}")
-    return {**json.loads(out.strip().splitlines()[-1]), "peak_rss_total_mb": peak_rss / 1e6,
-            "peak_pss_total_mb": peak_pss / 1e6}
+    return {
+        **json.loads(out.strip().splitlines()[-1]),
+        "peak_rss_total_mb": peak_rss / 1e6,
+        "peak_pss_total_mb": peak_pss / 1e6,
+    }
 
 
 # --------------------------------------------------------------------------------------------
 # Driver
 # --------------------------------------------------------------------------------------------
+
 
 def make_corpus(work: Path, mirror: Path, megabytes: float) -> tuple[Path, dict]:
     """The corpus stage's output for the first `megabytes` MB of SOURCE, cut at a document boundary."""
@@ -171,46 +175,89 @@ def main() -> None:
     work.mkdir(parents=True)
     corpora = {mb: make_corpus(work, mirror, mb) for mb in args.sizes}
     vocab_dir = work / "vocab"
-    train_vocab(corpora[min(args.sizes)][0], vocab_dir,
-                VocabConfig(size=args.vocab_size, input_sentence_size=1_000_000, threads=os.cpu_count() or 1))
+    train_vocab(
+        corpora[min(args.sizes)][0],
+        vocab_dir,
+        VocabConfig(size=args.vocab_size, input_sentence_size=1_000_000, threads=os.cpu_count() or 1),
+    )
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
     rows = []
     for mb, (corpus_dir, stats) in corpora.items():
         runs: dict[str, list[dict]] = {"baseline": [], "ours": []}
         for rep, variant in itertools.product(range(args.repeat), runs):
             out = work / f"run-{variant}-{mb:g}-{rep}"
             out.mkdir()
-            runs[variant].append(run_child([sys.executable, __file__, "--seq-len", str(args.seq_len),
-                                            "--child", variant, str(corpus_dir), str(vocab_dir), str(out)], env))
+            runs[variant].append(
+                run_child(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--seq-len",
+                        str(args.seq_len),
+                        "--child",
+                        variant,
+                        str(corpus_dir),
+                        str(vocab_dir),
+                        str(out),
+                    ],
+                    env,
+                )
+            )
             shutil.rmtree(out)
         best = {v: min(r, key=lambda x: x["seconds"]) for v, r in runs.items()}
         if best["baseline"]["train_sha256"] != best["ours"]["train_sha256"]:
             sys.exit(f"{mb} MB: baseline and ours produced different blocks")
         for variant, r in best.items():
-            rows.append({"variant": variant, "corpus_mb": stats["bytes"] / 1e6, "documents": stats["documents"],
-                         "seconds": r["seconds"], "mb_per_s": stats["bytes"] / 1e6 / r["seconds"],
-                         "all_seconds": [x["seconds"] for x in runs[variant]],
-                         "peak_rss_main_mb": max(x["peak_rss_main_mb"] for x in runs[variant]),
-                         "peak_rss_total_mb": max(x["peak_rss_total_mb"] for x in runs[variant]),
-                         "peak_pss_total_mb": max(x["peak_pss_total_mb"] for x in runs[variant])})
+            rows.append(
+                {
+                    "variant": variant,
+                    "corpus_mb": stats["bytes"] / 1e6,
+                    "documents": stats["documents"],
+                    "seconds": r["seconds"],
+                    "mb_per_s": stats["bytes"] / 1e6 / r["seconds"],
+                    "all_seconds": [x["seconds"] for x in runs[variant]],
+                    "peak_rss_main_mb": max(x["peak_rss_main_mb"] for x in runs[variant]),
+                    "peak_rss_total_mb": max(x["peak_rss_total_mb"] for x in runs[variant]),
+                    "peak_pss_total_mb": max(x["peak_pss_total_mb"] for x in runs[variant]),
+                }
+            )
     shutil.rmtree(work)
 
-    print(f"\nshards stage throughput, seq_len={args.seq_len}, {args.vocab_size:,}-piece BPE, "
-          f"best of {args.repeat} ({os.cpu_count()} CPUs, load average at end {os.getloadavg()[0]:.1f})")
-    print(f"{'corpus MB':>10} {'variant':>9} {'seconds':>8} {'MB/s':>7} {'speedup':>8} "
-          f"{'peak MB: main RSS':>17} {'all RSS':>8} {'all PSS':>8}")
+    print(
+        f"\nshards stage throughput, seq_len={args.seq_len}, {args.vocab_size:,}-piece BPE, "
+        f"best of {args.repeat} ({os.cpu_count()} CPUs, load average at end {os.getloadavg()[0]:.1f})"
+    )
+    print(
+        f"{'corpus MB':>10} {'variant':>9} {'seconds':>8} {'MB/s':>7} {'speedup':>8} "
+        f"{'peak MB: main RSS':>17} {'all RSS':>8} {'all PSS':>8}"
+    )
     for row in rows:
         base = next(r for r in rows if r["corpus_mb"] == row["corpus_mb"] and r["variant"] == "baseline")
         row["speedup"] = row["mb_per_s"] / base["mb_per_s"]
-        print(f"{row['corpus_mb']:>10.1f} {row['variant']:>9} {row['seconds']:>8.2f} {row['mb_per_s']:>7.2f} "
-              f"{row['speedup']:>7.2f}x {row['peak_rss_main_mb']:>17.0f} {row['peak_rss_total_mb']:>8.0f} "
-              f"{row['peak_pss_total_mb']:>8.0f}")
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "rows": rows,
-              "machine": {"cpus": os.cpu_count(), "processor": _cpu_model(), "python": platform.python_version(),
-                          "loadavg_end": os.getloadavg()},
-              "seq_len": args.seq_len, "vocab_size": args.vocab_size, "repeat": args.repeat}
+        print(
+            f"{row['corpus_mb']:>10.1f} {row['variant']:>9} {row['seconds']:>8.2f} {row['mb_per_s']:>7.2f} "
+            f"{row['speedup']:>7.2f}x {row['peak_rss_main_mb']:>17.0f} {row['peak_rss_total_mb']:>8.0f} "
+            f"{row['peak_pss_total_mb']:>8.0f}"
+        )
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "rows": rows,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "processor": _cpu_model(),
+            "python": platform.python_version(),
+            "loadavg_end": os.getloadavg(),
+        },
+        "seq_len": args.seq_len,
+        "vocab_size": args.vocab_size,
+        "repeat": args.repeat,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "shards_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"-> {args.out / 'shards_throughput.json'}")

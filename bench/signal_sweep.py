@@ -26,7 +26,6 @@ docs/reproducing.md reads the sweep that chose the default preset.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import math
@@ -40,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-SIGNAL_TASKS = ("stsb", "mrpc", "cola")   # where pretraining matters most at small scale (issue 11)
+SIGNAL_TASKS = ("stsb", "mrpc", "cola")  # where pretraining matters most at small scale (issue 11)
 
 
 def build_data(out: Path) -> tuple[Path, Path]:
@@ -69,9 +68,11 @@ def resolved_run(method: str, steps: int):
     run = resolve_run(load_params(ROOT / "params.yaml"), "control" if method == "none" else method)
     cfg = run.pretrain
     warmup = round(cfg.warmup_steps * steps / cfg.steps)
-    return dataclasses.replace(run, name=f"sweep-{method}-{steps}",
-                               pretrain=dataclasses.replace(cfg, steps=steps, warmup_steps=warmup,
-                                                            checkpoint_fractions=(1.0,)))
+    return dataclasses.replace(
+        run,
+        name=f"sweep-{method}-{steps}",
+        pretrain=dataclasses.replace(cfg, steps=steps, warmup_steps=warmup, checkpoint_fractions=(1.0,)),
+    )
 
 
 def pretrain_point(method: str, steps: int, shards: Path, vocab: Path, out: Path) -> dict:
@@ -81,11 +82,15 @@ def pretrain_point(method: str, steps: int, shards: Path, vocab: Path, out: Path
     models = out / "models" / run.name
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     summary = pretrain(run, shards, models, out / "scratch" / run.name, vocab_dir=vocab, show_progress=False)
-    return {"method": method, "steps": steps, "tokens": summary.get("tokens", 0),
-            "pretrain_minutes": (time.perf_counter() - start_wall) / 60,
-            "pretrain_cpu_minutes": (time.process_time() - start_cpu) / 60,
-            "heldout": {k: v for k, v in summary.items() if k.startswith("heldout_")},
-            "encoder": str(models / "encoder")}
+    return {
+        "method": method,
+        "steps": steps,
+        "tokens": summary.get("tokens", 0),
+        "pretrain_minutes": (time.perf_counter() - start_wall) / 60,
+        "pretrain_cpu_minutes": (time.process_time() - start_cpu) / 60,
+        "heldout": {k: v for k, v in summary.items() if k.startswith("heldout_")},
+        "encoder": str(models / "encoder"),
+    }
 
 
 def finetune_trial(encoder_dir: str, task: str, hp: dict, seed: int, data_root: str, precision: str | None) -> dict:
@@ -115,8 +120,9 @@ def finetune_trial(encoder_dir: str, task: str, hp: dict, seed: int, data_root: 
 _data_cache: dict = {}
 
 
-def finetune_point(encoder_dir: str, tasks: list[str], seeds: list[int], workers: int,
-                   precision: str | None = None) -> dict:
+def finetune_point(
+    encoder_dir: str, tasks: list[str], seeds: list[int], workers: int, precision: str | None = None
+) -> dict:
     """Every configuration x seed of each task's grid; per task the configuration with the best median
     of the main metric, its median, spread and per-seed values."""
     from electralab.config import load_params
@@ -125,8 +131,12 @@ def finetune_point(encoder_dir: str, tasks: list[str], seeds: list[int], workers
     from electralab.finetune.tasks import TASKS
 
     cfg = load_params(ROOT / "params.yaml").active.finetune
-    jobs = [(task, dataclasses.asdict(hp), seed) for task in tasks
-            for hp in configurations(getattr(cfg.grids, TASKS[task].grid)) for seed in seeds]
+    jobs = [
+        (task, dataclasses.asdict(hp), seed)
+        for task in tasks
+        for hp in configurations(getattr(cfg.grids, TASKS[task].grid))
+        for seed in seeds
+    ]
     with ProcessPoolExecutor(workers) as pool:
         futures = [pool.submit(finetune_trial, encoder_dir, t, hp, s, str(data_root()), precision) for t, hp, s in jobs]
         results = [f.result() for f in futures]
@@ -137,13 +147,20 @@ def finetune_point(encoder_dir: str, tasks: list[str], seeds: list[int], workers
         for (t, hp, seed), result in zip(jobs, results):
             if t == task:
                 by_config.setdefault(json.dumps(hp, sort_keys=True), {})[seed] = result.get(metric, math.nan)
-        def score(v):   # a NaN median never wins
+
+        def score(v):  # a NaN median never wins
             m = statistics.median(v.values())
             return m if math.isfinite(m) else -math.inf
+
         best = max(by_config, key=lambda k: score(by_config[k]))
         values = by_config[best]
-        out[task] = {"metric": metric, "config": json.loads(best), "median": statistics.median(values.values()),
-                     "std": statistics.pstdev(values.values()), "seeds": values}
+        out[task] = {
+            "metric": metric,
+            "config": json.loads(best),
+            "median": statistics.median(values.values()),
+            "std": statistics.pstdev(values.values()),
+            "seeds": values,
+        }
     return out
 
 
@@ -157,34 +174,61 @@ def signal(point: dict, tasks: tuple[str, ...]) -> tuple[float, list[float]]:
 
 def write_tables(points: list[dict], tasks: list[str], out: Path) -> None:
     control = next((p for p in points if p["method"] == "none"), None)
-    lines, rows = [], []
+    lines = []
     ctrl_score, ctrl_seeds = signal(control, SIGNAL_TASKS) if control else (math.nan, [])
     for p in sorted(points, key=lambda p: (p["method"] != "none", p["method"], p["steps"])):
         score, per_seed = signal(p, SIGNAL_TASKS)
-        spread = math.sqrt((statistics.variance(per_seed) + statistics.variance(ctrl_seeds)) / 2) \
-            if len(per_seed) > 1 and len(ctrl_seeds) > 1 else math.nan
+        spread = (
+            math.sqrt((statistics.variance(per_seed) + statistics.variance(ctrl_seeds)) / 2)
+            if len(per_seed) > 1 and len(ctrl_seeds) > 1
+            else math.nan
+        )
         gain = score - ctrl_score
-        verdict = "control" if p["method"] == "none" else (
-            "above control" if gain > 2 * spread else "below control" if gain < -2 * spread else "within noise")
-        line = {"method": p["method"], "steps": p["steps"], "tokens": p["tokens"],
-                "pretrain_minutes": round(p["pretrain_minutes"], 2), "pretrain_cpu_minutes": round(p["pretrain_cpu_minutes"], 2),
-                "load": round(p["load"], 1), **{f"{t}": round(p["finetune"][t]["median"], 2) for t in tasks if t in p["finetune"]},
-                **{f"{t}_std": round(p["finetune"][t]["std"], 2) for t in tasks if t in p["finetune"]},
-                "signal": round(score, 2), "gain_over_control": round(gain, 2), "pooled_spread": round(spread, 2),
-                "verdict": verdict, "token_cosine": round(p["heldout"].get("heldout_token_cosine", math.nan), 3)}
+        verdict = (
+            "control"
+            if p["method"] == "none"
+            else ("above control" if gain > 2 * spread else "below control" if gain < -2 * spread else "within noise")
+        )
+        line = {
+            "method": p["method"],
+            "steps": p["steps"],
+            "tokens": p["tokens"],
+            "pretrain_minutes": round(p["pretrain_minutes"], 2),
+            "pretrain_cpu_minutes": round(p["pretrain_cpu_minutes"], 2),
+            "load": round(p["load"], 1),
+            **{f"{t}": round(p["finetune"][t]["median"], 2) for t in tasks if t in p["finetune"]},
+            **{f"{t}_std": round(p["finetune"][t]["std"], 2) for t in tasks if t in p["finetune"]},
+            "signal": round(score, 2),
+            "gain_over_control": round(gain, 2),
+            "pooled_spread": round(spread, 2),
+            "verdict": verdict,
+            "token_cosine": round(p["heldout"].get("heldout_token_cosine", math.nan), 3),
+        }
         lines.append(line)
     import pandas as pd
 
     frame = pd.DataFrame(lines)
     frame.to_csv(out / "points.csv", index=False)
-    head = ["method", "steps", "tokens", "pretrain_minutes", "load", *tasks, "signal", "gain_over_control",
-            "pooled_spread", "verdict", "token_cosine"]
+    head = [
+        "method",
+        "steps",
+        "tokens",
+        "pretrain_minutes",
+        "load",
+        *tasks,
+        "signal",
+        "gain_over_control",
+        "pooled_spread",
+        "verdict",
+        "token_cosine",
+    ]
     head = [h for h in head if h in frame]
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in lines]
     (out / "sweep.md").write_text(
         f"Signal = mean of the medians of {', '.join(SIGNAL_TASKS)}; gain over the control against twice the "
-        "pooled std of the per-seed scores.\n\n" + "\n".join(md) + "\n")
+        "pooled std of the per-seed scores.\n\n" + "\n".join(md) + "\n"
+    )
     print("\n".join(md))
 
 
@@ -219,7 +263,7 @@ def main() -> None:
         print(f"== {method} at {steps} steps (load {load:.1f})", flush=True)
         try:
             point = pretrain_point(method, steps, shards, vocab, args.out)
-        except TrainingFailed as error:   # a collapsed or diverged run is a finding, not a table cell
+        except TrainingFailed as error:  # a collapsed or diverged run is a finding, not a table cell
             print(f"   {type(error).__name__}: {error}", flush=True)
             path.with_suffix(".failed").write_text(f"{type(error).__name__}: {error}\n")
             continue

@@ -39,11 +39,15 @@ from electralab.train.perf import count_flops, peak_flops  # noqa: E402
 
 CONFIGS = {
     # ELECTRA-Small (Clark et al. 2020 Table 6; TEAMS Table 5): generator 1/4 width.
-    "small": (EncoderConfig(hidden=256, layers=12, heads=4, ffn=1024, embedding=128, relative_positions=False),
-              GeneratorSize(hidden=64, heads=1, ffn=256)),
+    "small": (
+        EncoderConfig(hidden=256, layers=12, heads=4, ffn=1024, embedding=128, relative_positions=False),
+        GeneratorSize(hidden=64, heads=1, ffn=256),
+    ),
     # BERT-base main model, ELECTRA-Base generator (1/3 width).
-    "base": (EncoderConfig(hidden=768, layers=12, heads=12, ffn=3072, embedding=768, relative_positions=False),
-             GeneratorSize(hidden=256, heads=4, ffn=1024)),
+    "base": (
+        EncoderConfig(hidden=768, layers=12, heads=12, ffn=3072, embedding=768, relative_positions=False),
+        GeneratorSize(hidden=256, heads=4, ffn=1024),
+    ),
 }
 
 
@@ -79,13 +83,29 @@ class HuggingFace:
     def __init__(self, main: EncoderConfig, gen: GeneratorSize, vocab: int, device: torch.device):
         from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 
-        common = dict(vocab_size=vocab, embedding_size=main.embedding, max_position_embeddings=main.max_positions,
-                      hidden_dropout_prob=main.dropout, attention_probs_dropout_prob=main.attention_dropout,
-                      layer_norm_eps=main.layer_norm_eps, hidden_act="gelu")
-        disc_cfg = ElectraConfig(hidden_size=main.hidden, num_hidden_layers=main.layers,
-                                 num_attention_heads=main.heads, intermediate_size=main.ffn, **common)
-        gen_cfg = ElectraConfig(hidden_size=gen.hidden, num_hidden_layers=main.layers,
-                                num_attention_heads=gen.heads, intermediate_size=gen.ffn, **common)
+        common = dict(
+            vocab_size=vocab,
+            embedding_size=main.embedding,
+            max_position_embeddings=main.max_positions,
+            hidden_dropout_prob=main.dropout,
+            attention_probs_dropout_prob=main.attention_dropout,
+            layer_norm_eps=main.layer_norm_eps,
+            hidden_act="gelu",
+        )
+        disc_cfg = ElectraConfig(
+            hidden_size=main.hidden,
+            num_hidden_layers=main.layers,
+            num_attention_heads=main.heads,
+            intermediate_size=main.ffn,
+            **common,
+        )
+        gen_cfg = ElectraConfig(
+            hidden_size=gen.hidden,
+            num_hidden_layers=main.layers,
+            num_attention_heads=gen.heads,
+            intermediate_size=gen.ffn,
+            **common,
+        )
         self.disc = ElectraForPreTraining(disc_cfg).to(device)
         self.gen = ElectraForMaskedLM(gen_cfg).to(device)
         # ELECTRA ties the generator's and discriminator's embeddings (and the generator's LM head).
@@ -103,8 +123,11 @@ class HuggingFace:
                 sampled = (logits - torch.empty_like(logits).exponential_().log()).argmax(-1)
             replaced = batch.input_ids.clone()
             replaced[batch.mlm_mask] = sampled
-            disc = self.disc(input_ids=replaced, attention_mask=batch.attention_mask.long(),
-                             labels=(replaced != batch.input_ids).long())
+            disc = self.disc(
+                input_ids=replaced,
+                attention_mask=batch.attention_mask.long(),
+                labels=(replaced != batch.input_ids).long(),
+            )
             loss = gen.loss + 50.0 * disc.loss
         loss.backward()
         self.opt.step()
@@ -136,13 +159,27 @@ def peak_rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # not Linux: no fork inheritance issue
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: no fork inheritance issue
 
 
 def peak_memory(args, which: str) -> float:
     """Peak memory (MB) of `which` in a fresh child process: RSS on CPU, max allocated on GPU."""
-    cmd = [sys.executable, __file__, "--memory-probe", which, "--device", args.device, "--config", args.config,
-           "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--vocab", str(args.vocab)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--memory-probe",
+        which,
+        "--device",
+        args.device,
+        "--config",
+        args.config,
+        "--seq-len",
+        str(args.seq_len),
+        "--batch-size",
+        str(args.batch_size),
+        "--vocab",
+        str(args.vocab),
+    ]
     if args.bf16:
         cmd.append("--bf16")
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -183,7 +220,7 @@ def main() -> None:
             print(peak_rss_mb())
         return
 
-    if args.profile:   # where our step's time goes, operator by operator (2 steps after a warm-up)
+    if args.profile:  # where our step's time goes, operator by operator (2 steps after a warm-up)
         from torch.profiler import ProfilerActivity, profile
 
         ours = Ours(main_cfg, gen_cfg, args.vocab, device)
@@ -202,28 +239,44 @@ def main() -> None:
     if not args.ours_only:
         impls.append(HuggingFace(main_cfg, gen_cfg, args.vocab, device))
     flops = {}
-    for impl in impls:   # warm-up step doubles as the FLOP count
+    for impl in impls:  # warm-up step doubles as the FLOP count
         _, flops[impl.name] = count_flops(lambda: impl.step(batch, autocast))
     times = time_steps(impls, batch, autocast, args.steps, device)
     peak = peak_flops(device)
     tokens = args.batch_size * args.seq_len
-    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "threads": torch.get_num_threads(), "config": args.config, "seq_len": args.seq_len,
-               "batch_size": args.batch_size, "vocab": args.vocab, "bf16": args.bf16,
-               "peak_flops": peak, "impls": {}}
+    results = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "threads": torch.get_num_threads(),
+        "config": args.config,
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "vocab": args.vocab,
+        "bf16": args.bf16,
+        "peak_flops": peak,
+        "impls": {},
+    }
     for impl in impls:
         t = statistics.median(times[impl.name])
         results["impls"][impl.name] = {
-            "step_s": t, "tokens_per_s": tokens / t, "flops_per_step": flops[impl.name],
-            "gflops_per_s": flops[impl.name] / t / 1e9, "mfu": flops[impl.name] / t / peak if peak else None,
-            "peak_memory_mb": peak_memory(args, impl.name), "step_times": times[impl.name]}
-    print(f"device={results['device']} threads={results['threads']} config={args.config} seq={args.seq_len} "
-          f"batch={args.batch_size} vocab={args.vocab} bf16={args.bf16} peak={peak / 1e9 if peak else 0:.1f} GFLOP/s")
+            "step_s": t,
+            "tokens_per_s": tokens / t,
+            "flops_per_step": flops[impl.name],
+            "gflops_per_s": flops[impl.name] / t / 1e9,
+            "mfu": flops[impl.name] / t / peak if peak else None,
+            "peak_memory_mb": peak_memory(args, impl.name),
+            "step_times": times[impl.name],
+        }
+    print(
+        f"device={results['device']} threads={results['threads']} config={args.config} seq={args.seq_len} "
+        f"batch={args.batch_size} vocab={args.vocab} bf16={args.bf16} peak={peak / 1e9 if peak else 0:.1f} GFLOP/s"
+    )
     print(f"{'impl':<14}{'step s':>9}{'tokens/s':>11}{'GFLOP/step':>12}{'GFLOP/s':>10}{'MFU':>8}{'peak MB':>10}")
     for name, r in results["impls"].items():
         mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "-"
-        print(f"{name:<14}{r['step_s']:>9.3f}{r['tokens_per_s']:>11.0f}{r['flops_per_step'] / 1e9:>12.1f}"
-              f"{r['gflops_per_s']:>10.1f}{mfu:>8}{r['peak_memory_mb']:>10.0f}")
+        print(
+            f"{name:<14}{r['step_s']:>9.3f}{r['tokens_per_s']:>11.0f}{r['flops_per_step'] / 1e9:>12.1f}"
+            f"{r['gflops_per_s']:>10.1f}{mfu:>8}{r['peak_memory_mb']:>10.0f}"
+        )
     if "transformers" in results["impls"]:
         speedup = results["impls"]["electralab"]["tokens_per_s"] / results["impls"]["transformers"]["tokens_per_s"]
         results["speedup"] = speedup

@@ -37,19 +37,33 @@ import sys
 import time
 from typing import NoReturn
 
+from workspace import (
+    PROJECTS_ENV,
+    Plan,
+    StageFailed,
+    allowed_project,
+    dvc_repro,
+    make_plan,
+    mlflow_experiment,
+    prepare_workspace,
+    stage_env,
+    targets,
+    workspace_lock,
+)
+
 from electralab.errors import EXIT_BAD_INPUT, ConfigError
 from electralab.runs import TABLES
-from workspace import (PROJECTS_ENV, Plan, StageFailed, allowed_project, dvc_repro, make_plan,
-                       mlflow_experiment, prepare_workspace, stage_env, targets, workspace_lock)
+
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help="a preset of params.yaml (default: its `preset`)")
     parser.add_argument("--tables", nargs="+", metavar="TABLE", help=f"tables/figures: {', '.join(TABLES)}")
     parser.add_argument("--runs", nargs="+", metavar="RUN", help="runs of params.yaml `runs:`")
-    parser.add_argument("--project", help=f"the project root (default: the checkout holding flows/; another "
-                                          f"one must be listed in ${PROJECTS_ENV})")
+    parser.add_argument(
+        "--project",
+        help=f"the project root (default: the checkout holding flows/; another one must be listed in ${PROJECTS_ENV})",
+    )
     parser.add_argument("--targets", action="store_true", help="print the DVC targets and run nothing")
     return parser.parse_args(argv)
 
@@ -68,7 +82,7 @@ def fail(e: Exception) -> NoReturn:
 
 if __name__ == "__main__":
     ARGS = arguments()
-    if ARGS.targets:   # answered before Prefect's import below: seconds, and no Prefect needed
+    if ARGS.targets:  # answered before Prefect's import below: seconds, and no Prefect needed
         try:
             print_targets(ARGS)
         except ConfigError as e:
@@ -80,10 +94,10 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NONE  # noqa: E402
 from prefect.runtime import flow_run  # noqa: E402
 
-
 # ------------------------------------------------------------------------------------------------
 # One task per DVC stage
 # ------------------------------------------------------------------------------------------------
+
 
 def outcome(target: str, output: str) -> str:
     if f"Running stage '{target}'" in output:
@@ -116,13 +130,13 @@ def retry_unless_bad_input(task, task_run, state) -> bool:
 # The corpus stage downloads from the Hugging Face hub when ELECTRALAB_DATA is not set: retries help there.
 # Training stages get none: their failures (bad settings, divergence, out of memory) repeat on a retry, and a
 # run that was killed resumes from its checkpoint when the flow is started again.
-repro_corpus = repro.with_options(retries=2, retry_delay_seconds=60,
-                                  retry_condition_fn=retry_unless_bad_input)
+repro_corpus = repro.with_options(retries=2, retry_delay_seconds=60, retry_condition_fn=retry_unless_bad_input)
 
 
 # ------------------------------------------------------------------------------------------------
 # Artifacts
 # ------------------------------------------------------------------------------------------------
+
 
 def mlflow_link(experiment_id: str, preset: str) -> str:
     ui = os.environ.get("MLFLOW_UI_URL", "http://127.0.0.1:5000").rstrip("/")
@@ -155,19 +169,22 @@ def publish(plan: Plan, results: list[dict], experiment_id: str) -> None:
     create_markdown_artifact(
         key=artifact_key("reproduce", plan.preset),
         markdown=f"# reproduce: preset {plan.preset}, {len(plan.runs)} runs\n\n{link} · workspace "
-                 f"`{plan.workspace}`\n\n| stage | result | seconds |\n|---|---|---|\n{rows}{note}\n",
-        description=f"DVC stages of the reproduce flow (preset {plan.preset})")
+        f"`{plan.workspace}`\n\n| stage | result | seconds |\n|---|---|---|\n{rows}{note}\n",
+        description=f"DVC stages of the reproduce flow (preset {plan.preset})",
+    )
     tables = plan.workspace / "reports" / "tables"
     for md in sorted(tables.glob("*.md")) if tables.is_dir() else []:
-        create_markdown_artifact(key=artifact_key(plan.preset, md.stem),
-                                 markdown=f"{md.read_text(encoding='utf-8')}\n\n{link}\n",
-                                 description=f"{md.stem} ({plan.preset} preset), "
-                                             f"from reports/tables/{md.name}")
+        create_markdown_artifact(
+            key=artifact_key(plan.preset, md.stem),
+            markdown=f"{md.read_text(encoding='utf-8')}\n\n{link}\n",
+            description=f"{md.stem} ({plan.preset} preset), from reports/tables/{md.name}",
+        )
 
 
 # ------------------------------------------------------------------------------------------------
 # The flow
 # ------------------------------------------------------------------------------------------------
+
 
 def run_name() -> str:
     p = flow_run.parameters
@@ -176,19 +193,22 @@ def run_name() -> str:
 
 
 @flow(name="reproduce", flow_run_name=run_name)
-def reproduce(preset: str | None = None, tables: list[str] | None = None, runs: list[str] | None = None,
-              project: str | None = None) -> list[dict]:
+def reproduce(
+    preset: str | None = None,
+    tables: list[str] | None = None,
+    runs: list[str] | None = None,
+    project: str | None = None,
+) -> list[dict]:
     """The pipeline of `preset` (default: params.yaml's) for `tables` and/or `runs` (default: every run)."""
     logger = get_run_logger()
-    plan = make_plan(allowed_project(project), preset, tables, runs)   # before any work
+    plan = make_plan(allowed_project(project), preset, tables, runs)  # before any work
     env = stage_env(plan)
     lock = workspace_lock(plan, logger)
     try:
         prepare_workspace(plan, env, logger)
         experiment_id = mlflow_experiment(plan, env, logger)
         planned = targets(plan.runs)
-        logger.info("preset %s, %d runs, in %s: %s", plan.preset, len(plan.runs), plan.workspace,
-                    " -> ".join(planned))
+        logger.info("preset %s, %d runs, in %s: %s", plan.preset, len(plan.runs), plan.workspace, " -> ".join(planned))
         results = []
         for target in planned:
             if target == "corpus":

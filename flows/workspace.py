@@ -24,25 +24,26 @@ from electralab.errors import ConfigError
 from electralab.runs import TABLES, check_run, resolve_all, run_specs, runs_for_tables, with_producers
 
 PROJECT = Path(__file__).resolve().parents[1]
-WORKSPACES = Path(".electralab") / "workspaces"   # under the project; ignored by git and DVC
-SOURCES = ("dvc.yaml", ".dvcignore", "stages", "src")   # what a preset workspace copies from the project
-PROGRESS = re.compile(r"\d+%\|")                        # a tqdm progress line
+WORKSPACES = Path(".electralab") / "workspaces"  # under the project; ignored by git and DVC
+SOURCES = ("dvc.yaml", ".dvcignore", "stages", "src")  # what a preset workspace copies from the project
+PROGRESS = re.compile(r"\d+%\|")  # a tqdm progress line
 PROGRESS_EVERY_S = 15.0
-PROJECTS_ENV = "ELECTRALAB_PROJECTS"   # other project roots a flow run may work in (os.pathsep-separated)
+PROJECTS_ENV = "ELECTRALAB_PROJECTS"  # other project roots a flow run may work in (os.pathsep-separated)
 
-Log = Logger | LoggerAdapter   # Prefect's run logger is a LoggerAdapter
+Log = Logger | LoggerAdapter  # Prefect's run logger is a LoggerAdapter
 
 
 # ------------------------------------------------------------------------------------------------
 # The plan: validated before anything runs
 # ------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Plan:
     project: Path
     preset: str
-    runs: tuple[str, ...]         # dependencies first
-    in_place: bool                # params.yaml's own preset: run in the project itself
+    runs: tuple[str, ...]  # dependencies first
+    in_place: bool  # params.yaml's own preset: run in the project itself
 
     @property
     def workspace(self) -> Path:
@@ -59,14 +60,17 @@ def allowed_project(project: str | Path | None) -> Path:
     listed = os.environ.get(PROJECTS_ENV, "").split(os.pathsep)
     allowed = [PROJECT, *(Path(p).expanduser().resolve() for p in listed if p)]
     if chosen not in allowed:
-        raise ConfigError(f"project {str(project)!r} is not this flow's project ({PROJECT}) nor listed in "
-                          f"${PROJECTS_ENV} of the process serving the flow; allowed: "
-                          f"{', '.join(map(str, allowed))}")
+        raise ConfigError(
+            f"project {str(project)!r} is not this flow's project ({PROJECT}) nor listed in "
+            f"${PROJECTS_ENV} of the process serving the flow; allowed: "
+            f"{', '.join(map(str, allowed))}"
+        )
     return chosen
 
 
-def make_plan(project: Path, preset: str | None = None, tables: list[str] | None = None,
-              runs: list[str] | None = None) -> Plan:
+def make_plan(
+    project: Path, preset: str | None = None, tables: list[str] | None = None, runs: list[str] | None = None
+) -> Plan:
     """Check preset, tables and runs against the project's params.yaml; ConfigError names a bad value."""
     project = Path(project).resolve()
     params = load_params(project / "params.yaml")
@@ -74,12 +78,13 @@ def make_plan(project: Path, preset: str | None = None, tables: list[str] | None
     chosen_preset = active if preset is None else preset
     if chosen_preset not in params.presets:
         allowed = [p for p in PRESETS if p in params.presets]
-        raise ConfigError(f"preset {chosen_preset!r} is not a preset of {project / 'params.yaml'}; "
-                          f"choose one of {allowed}")
+        raise ConfigError(
+            f"preset {chosen_preset!r} is not a preset of {project / 'params.yaml'}; choose one of {allowed}"
+        )
     if isinstance(tables, str) or isinstance(runs, str):
         raise ConfigError("tables and runs are lists of names, e.g. tables=['coco-lm/table1']")
     params = parse_params({**params.raw, "preset": chosen_preset}, str(project / "params.yaml"))
-    resolve_all(params)   # a mistake anywhere in the registry stops here, by key path
+    resolve_all(params)  # a mistake anywhere in the registry stops here, by key path
 
     for table in tables or []:
         if table not in TABLES:
@@ -90,8 +95,9 @@ def make_plan(project: Path, preset: str | None = None, tables: list[str] | None
         wanted = list(params.runs)
     else:
         wanted = runs_for_tables(params, list(tables or [])) + list(runs or [])
-    return Plan(project, chosen_preset, tuple(with_producers(run_specs(params), wanted)),
-                in_place=chosen_preset == active)
+    return Plan(
+        project, chosen_preset, tuple(with_producers(run_specs(params), wanted)), in_place=chosen_preset == active
+    )
 
 
 def targets(runs: tuple[str, ...]) -> list[str]:
@@ -108,14 +114,16 @@ def targets(runs: tuple[str, ...]) -> list[str]:
 # Running DVC
 # ------------------------------------------------------------------------------------------------
 
+
 class StageFailed(RuntimeError):
     """`dvc repro <target>` exited non-zero; `status` is the stage command's own exit status if DVC said."""
 
     def __init__(self, target: str, workspace: Path, dvc_status: int, status: int | None, tail: list[str]):
         self.target, self.status = target, status
         said = f", the stage exited with {status}" if status is not None else ""
-        super().__init__(f"dvc repro {target} failed in {workspace} (dvc exit {dvc_status}{said}); "
-                         f"last lines:\n" + "\n".join(tail))
+        super().__init__(
+            f"dvc repro {target} failed in {workspace} (dvc exit {dvc_status}{said}); last lines:\n" + "\n".join(tail)
+        )
 
 
 def tool(name: str) -> str:
@@ -127,8 +135,11 @@ def tool(name: str) -> str:
 def stage_env(plan: Plan) -> dict[str, str]:
     """The environment of every DVC call: this Python first on PATH (dvc.yaml runs `python stages/...`),
     ELECTRALAB_DATA made absolute, and MLflow pointed at the project's store from a preset workspace."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     if env.get("ELECTRALAB_DATA"):
         env["ELECTRALAB_DATA"] = str(Path(env["ELECTRALAB_DATA"]).expanduser().resolve())
     if not plan.in_place:
@@ -143,14 +154,15 @@ def dvc_repro(workspace: Path, target: str, env: dict[str, str], log: Log, *, si
     cmd = [tool("dvc"), "--wait-for-lock", "repro", *(["--single-item"] if single else []), target]
     log.info("$ dvc %s   (in %s)", " ".join(cmd[1:]), workspace)
     output, tail, last_progress = [], deque(maxlen=30), 0.0
-    proc = subprocess.Popen(cmd, cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1)   # text mode: tqdm's \r updates arrive as lines
+    proc = subprocess.Popen(
+        cmd, cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )  # text mode: tqdm's \r updates arrive as lines
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip()
         if not line:
             continue
-        if PROGRESS.search(line):   # progress bars: one line every PROGRESS_EVERY_S seconds is enough
+        if PROGRESS.search(line):  # progress bars: one line every PROGRESS_EVERY_S seconds is enough
             if time.monotonic() - last_progress < PROGRESS_EVERY_S:
                 continue
             last_progress = time.monotonic()
@@ -168,6 +180,7 @@ def dvc_repro(workspace: Path, target: str, env: dict[str, str], log: Log, *, si
 # ------------------------------------------------------------------------------------------------
 # Locks and the workspace
 # ------------------------------------------------------------------------------------------------
+
 
 def file_lock(path: Path, what: str, log: Log):
     """Wait for an exclusive lock on `path` (zc.lockfile, the mechanism DVC's own repository lock uses)."""
@@ -192,8 +205,11 @@ def workspace_lock(plan: Plan, log: Log):
     command runs and guards only that stage's paths, so a second flow would fail with "is busy" as soon as it
     reached a stage the first one is producing, and could rewrite a preset workspace's sources under it."""
     name = "project" if plan.in_place else plan.preset
-    return file_lock(plan.project / ".electralab" / "locks" / f"{name}.lock",
-                     f"another reproduce flow in {plan.workspace} to end", log)
+    return file_lock(
+        plan.project / ".electralab" / "locks" / f"{name}.lock",
+        f"another reproduce flow in {plan.workspace} to end",
+        log,
+    )
 
 
 def prepare_workspace(plan: Plan, env: dict[str, str], log: Log) -> None:
@@ -206,16 +222,16 @@ def prepare_workspace(plan: Plan, env: dict[str, str], log: Log) -> None:
     if not (ws / ".dvc" / "config").exists():
         log.info("creating the workspace of preset %s: %s", plan.preset, ws)
         ws.mkdir(parents=True, exist_ok=True)
-        cache = subprocess.run([tool("dvc"), "cache", "dir"], cwd=plan.project, env=env, capture_output=True,
-                               text=True, check=True).stdout.strip()
+        cache = subprocess.run(
+            [tool("dvc"), "cache", "dir"], cwd=plan.project, env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
         subprocess.run([tool("dvc"), "init", "--no-scm", "-q"], cwd=ws, env=env, check=True)
         subprocess.run([tool("dvc"), "config", "cache.dir", cache], cwd=ws, env=env, check=True)
 
     params = (plan.project / "params.yaml").read_text(encoding="utf-8")
     params, n = re.subn(r"^preset:[ \t]*[^\s#]+", f"preset: {plan.preset}", params, count=1, flags=re.M)
     if n != 1:
-        raise ConfigError(f"{plan.project / 'params.yaml'}: no top-level `preset:` line to set to "
-                          f"{plan.preset!r}")
+        raise ConfigError(f"{plan.project / 'params.yaml'}: no top-level `preset:` line to set to {plan.preset!r}")
     for name in SOURCES:
         src, dst = plan.project / name, ws / name
         if dst.is_dir():
@@ -231,17 +247,15 @@ def prepare_workspace(plan: Plan, env: dict[str, str], log: Log) -> None:
 def mlflow_experiment(plan: Plan, env: dict[str, str], log: Log) -> str:
     """The preset's MLflow experiment id, created on first use by the library (so its artifacts live under
     the project's mlartifacts/, also for runs made in a preset workspace)."""
-    code = ("import sys; from electralab.tracking import ensure_experiment; "
-            "print(ensure_experiment(sys.argv[1]))")
+    code = "import sys; from electralab.tracking import ensure_experiment; print(ensure_experiment(sys.argv[1]))"
     # Two flows creating a new SQLite store at once race in MLflow's schema migrations: one at a time.
-    lock = file_lock(plan.project / ".electralab" / "mlflow.lock", "another flow opening the MLflow store",
-                     log)
+    lock = file_lock(plan.project / ".electralab" / "mlflow.lock", "another flow opening the MLflow store", log)
     try:
-        proc = subprocess.run([sys.executable, "-c", code, plan.preset], cwd=plan.project, env=env,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, plan.preset], cwd=plan.project, env=env, capture_output=True, text=True
+        )
     finally:
         lock.close()
     if proc.returncode != 0:
-        raise RuntimeError(f"could not open the MLflow experiment of preset {plan.preset}:\n"
-                           f"{proc.stderr[-2000:]}")
+        raise RuntimeError(f"could not open the MLflow experiment of preset {plan.preset}:\n{proc.stderr[-2000:]}")
     return proc.stdout.strip().splitlines()[-1]

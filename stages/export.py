@@ -24,7 +24,7 @@ from electralab.runs import check_run, resolve_all
 
 
 def main(params: Params, args) -> None:
-    runs = resolve_all(params)          # a mistake anywhere in the registry stops here, by key path
+    runs = resolve_all(params)  # a mistake anywhere in the registry stops here, by key path
     check_run(args.run, runs, source=args.params)
     from electralab.data import read_manifest
     from electralab.export import huggingface_compatible, load_encoder, save_huggingface
@@ -35,9 +35,15 @@ def main(params: Params, args) -> None:
     encoder = load_encoder(args.model / "encoder")
     finetune = params.active.finetune
     scores = read_json(args.scores) if args.scores.exists() else {}
-    card = model_card(run, describe(params.preset, params.active, mirror=data_root() is not None), summary,
-                      scores, len(finetune.seeds) if finetune else 0,
-                      latest_finished_run(run.preset, run.name, "pretrain"), not huggingface_compatible(encoder.cfg))
+    card = model_card(
+        run,
+        describe(params.preset, params.active, mirror=data_root() is not None),
+        summary,
+        scores,
+        len(finetune.seeds) if finetune else 0,
+        latest_finished_run(run.preset, run.name, "pretrain"),
+        not huggingface_compatible(encoder.cfg),
+    )
     save_huggingface(encoder, args.out, vocab_dir=args.model / "encoder", card=card)
     kind = "ElectraModel" if huggingface_compatible(encoder.cfg) else "ElectraModel + relative bias (remote code)"
     print(f"export {run.name}: {kind} with its tokenizer and model card -> {args.out}")

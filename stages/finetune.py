@@ -25,17 +25,19 @@ from electralab.runs import check_run, resolve_all
 
 
 def main(params: Params, args) -> None:
-    runs = resolve_all(params)          # a mistake anywhere in the registry stops here, by key path
+    runs = resolve_all(params)  # a mistake anywhere in the registry stops here, by key path
     check_run(args.run, runs, source=args.params)
     cfg = params.active.finetune
     if cfg is None:
         raise ConfigError(f"presets.{params.preset}.finetune is not set: this preset has no fine-tuning grid")
-    from electralab.finetune.protocol import finetune   # imports torch, Ray and MLflow
+    from electralab.finetune.protocol import finetune  # imports torch, Ray and MLflow
 
     # A requested task without its data fails the stage (and `dvc repro`, and the flow) unless allowed.
     allow_missing = os.environ.get(ALLOW_MISSING_ENV, "") not in ("", "0")
-    write_json(args.metrics, finetune(runs[args.run], cfg, args.model, args.checkpoints, data_root(),
-                                      allow_missing=allow_missing))
+    write_json(
+        args.metrics,
+        finetune(runs[args.run], cfg, args.model, args.checkpoints, data_root(), allow_missing=allow_missing),
+    )
 
 
 def arguments(parser) -> None:

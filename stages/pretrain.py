@@ -25,7 +25,7 @@ from electralab.runs import check_run, resolve_all
 
 
 def main(params: Params, args) -> None:
-    runs = resolve_all(params)          # a mistake anywhere in the registry stops here, by key path
+    runs = resolve_all(params)  # a mistake anywhere in the registry stops here, by key path
     check_run(args.run, runs, source=args.params)
     run = runs[args.run]
     # Both inputs before any work: the vocabulary is only copied into the model once training ends.
@@ -34,16 +34,21 @@ def main(params: Params, args) -> None:
     if run.pretrain.num_workers > 1 or os.environ.get("RAY_ADDRESS"):
         from electralab.train.distributed import pretrain_on_ray
 
-        summary = pretrain_on_ray(run, args.shards, args.out, args.checkpoints,
-                                  num_workers=run.pretrain.num_workers, use_gpu=run.pretrain.use_gpu,
-                                  vocab_dir=args.vocab)
+        summary = pretrain_on_ray(
+            run,
+            args.shards,
+            args.out,
+            args.checkpoints,
+            num_workers=run.pretrain.num_workers,
+            use_gpu=run.pretrain.use_gpu,
+            vocab_dir=args.vocab,
+        )
     else:
         from electralab.train.loop import pretrain
 
         summary = pretrain(run, args.shards, args.out, args.checkpoints, vocab_dir=args.vocab)
     # mlflow_run_id: which MLflow run these outputs are; the report reads only the runs the workspace names.
-    write_json(args.metrics,
-               {k: v for k, v in summary.items() if isinstance(v, (int, float)) or k == "mlflow_run_id"})
+    write_json(args.metrics, {k: v for k, v in summary.items() if isinstance(v, (int, float)) or k == "mlflow_run_id"})
     # Last: until here a kill resumes from the final checkpoint instead of training again from step 0.
     shutil.rmtree(args.checkpoints, ignore_errors=True)
 

@@ -40,30 +40,40 @@ def unavailable(data: Path | None) -> tuple[tuple[str, str], ...]:
 
 
 def main(params: Params, args) -> None:
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # one bar per encoder otherwise
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder otherwise
     preset = params.active
-    data = data_root()   # the offline mirror, or None: then Fig. 1/5 says "no data yet"
+    data = data_root()  # the offline mirror, or None: then Fig. 1/5 says "no data yet"
     corpus = [data / "corpus" / f.file for f in preset.corpus.mirror] if data else []
-    sources = Sources(note=describe(params.preset, preset, mirror=data is not None),
-                      stsb_dev=data / "glue" / "STS-B" / "dev.tsv" if data else None,
-                      corpus_files=tuple(f for f in corpus if f.exists()),
-                      unavailable=unavailable(data))
+    sources = Sources(
+        note=describe(params.preset, preset, mirror=data is not None),
+        stsb_dev=data / "glue" / "STS-B" / "dev.tsv" if data else None,
+        corpus_files=tuple(f for f in corpus if f.exists()),
+        unavailable=unavailable(data),
+    )
     # The runs this workspace's outputs are (their metrics files record them): not the latest of each name,
     # which may be another experiment's. A workspace whose stages never recorded one reads the latest.
     state = workspace_state(args.metrics_dir)
-    built = build_report(params.preset, args.out, sources=sources, runs=params.runs,
-                         state=state if state.pretrain or state.finetune else None)
+    built = build_report(
+        params.preset,
+        args.out,
+        sources=sources,
+        runs=params.runs,
+        state=state if state.pretrain or state.finetune else None,
+    )
     write_json(args.metrics, built["metrics"])
     run_id = log_report(built["results"], args.out, built["tables"])
     filled = sum(c["filled"] for c in built["metrics"]["cells"].values())
     total = sum(c["total"] for c in built["metrics"]["cells"].values())
-    print(f"report ({params.preset}): {filled}/{total} of our table cells filled -> "
-          f"{args.out / 'index.html'} (MLflow run {run_id})")
+    print(
+        f"report ({params.preset}): {filled}/{total} of our table cells filled -> "
+        f"{args.out / 'index.html'} (MLflow run {run_id})"
+    )
 
 
 def arguments(parser) -> None:
-    parser.add_argument("metrics_dir", type=Path,
-                        help="the workspace's metrics directory (pretrain/<run>.json, finetune/<run>.json)")
+    parser.add_argument(
+        "metrics_dir", type=Path, help="the workspace's metrics directory (pretrain/<run>.json, finetune/<run>.json)"
+    )
     parser.add_argument("out", type=Path, help="the report directory to write")
     parser.add_argument("metrics", type=Path, help="the metrics file to write")
 

@@ -27,8 +27,11 @@ ENWIKI = "enwiki_good_articles_sample.txt"
 def mirror_root() -> Path:
     root = data_root() or (ROOT / "../shared/data").resolve()
     if not (root / "corpus" / WIKITEXT).is_file():
-        pytest.exit(f"{root}/corpus/{WIKITEXT}: the offline mirror is missing; set ELECTRALAB_DATA or "
-                    f"put ../shared/data beside the checkout", returncode=2)
+        pytest.exit(
+            f"{root}/corpus/{WIKITEXT}: the offline mirror is missing; set ELECTRALAB_DATA or "
+            f"put ../shared/data beside the checkout",
+            returncode=2,
+        )
     return root
 
 
@@ -62,8 +65,12 @@ def mirror(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def corpus_cfg() -> CorpusConfig:
-    return CorpusConfig(hub=(), mirror=(MirrorSource(WIKITEXT, "wikitext"), MirrorSource(ENWIKI, "paragraphs")),
-                        uncased=True, shard_documents=20)
+    return CorpusConfig(
+        hub=(),
+        mirror=(MirrorSource(WIKITEXT, "wikitext"), MirrorSource(ENWIKI, "paragraphs")),
+        uncased=True,
+        shard_documents=20,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -132,6 +139,6 @@ def assert_no_output(path: Path) -> None:
 
 
 # The report tests' populated MLflow store (imported last: report_helpers uses the fixtures above).
-from report_helpers import store  # noqa: E402,F401
 # The operations tests' Prefect server and finished ablation (test_flows.py, test_ui.py).
 from ops_helpers import ablation, prefect_api, prefect_server  # noqa: E402,F401
+from report_helpers import store  # noqa: E402,F401

@@ -45,7 +45,7 @@ def install() -> None:
     from electralab.train.track import Tracker
 
     real_torch_save, real_replace = torch.save, os.replace
-    real_sha = getattr(checkpoint, "sha256_file", None)   # (absent before checkpoints had checksums)
+    real_sha = getattr(checkpoint, "sha256_file", None)  # (absent before checkpoints had checksums)
 
     def torch_save(obj, f, *a, **kw):
         if point == "ckpt-partial" and ".tmp-state.pt-" in str(getattr(f, "name", f)):

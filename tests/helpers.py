@@ -15,18 +15,31 @@ VOCAB = 97
 
 def tiny_model(**overrides) -> EncoderConfig:
     """A miniature encoder with the papers' depths (12 layers) so every exit/ablation exists."""
-    cfg = EncoderConfig(hidden=32, layers=12, heads=2, ffn=64, embedding=32, max_positions=64,
-                        relative_buckets=8, relative_max_distance=16)
+    cfg = EncoderConfig(
+        hidden=32,
+        layers=12,
+        heads=2,
+        ffn=64,
+        embedding=32,
+        max_positions=64,
+        relative_buckets=8,
+        relative_max_distance=16,
+    )
     return dataclasses.replace(cfg, **overrides)
 
 
 def tiny_generators() -> GeneratorSizes:
-    return GeneratorSizes(electra=GeneratorSize(hidden=16, heads=1, ffn=32), cocolm=GeneratorSize(layers=4),
-                          amos=GeneratorSize(layers=8), teams=GeneratorSize(layers=6))
+    return GeneratorSizes(
+        electra=GeneratorSize(hidden=16, heads=1, ffn=32),
+        cocolm=GeneratorSize(layers=4),
+        amos=GeneratorSize(layers=8),
+        teams=GeneratorSize(layers=6),
+    )
 
 
-def make_batch(batch_size: int = 4, length: int = 24, vocab: int = VOCAB, mask_prob: float = 0.3,
-               pad_last: int = 0, seed: int = 0) -> Batch:
+def make_batch(
+    batch_size: int = 4, length: int = 24, vocab: int = VOCAB, mask_prob: float = 0.3, pad_last: int = 0, seed: int = 0
+) -> Batch:
     """Random packed sequences [CLS] ... [SEP] (the last `pad_last` tokens of row 0 are [PAD]),
     with a random mask; masked positions hold [MASK] in masked_ids."""
     g = torch.Generator().manual_seed(seed)
@@ -38,7 +51,7 @@ def make_batch(batch_size: int = 4, length: int = 24, vocab: int = VOCAB, mask_p
         ids[0, -pad_last - 1] = SEP_ID
         attention[0, -pad_last:] = False
     mlm = (torch.rand(ids.shape, generator=g) < mask_prob) & attention
-    mlm[:, 1] = True   # at least one masked position per row
+    mlm[:, 1] = True  # at least one masked position per row
     return Batch(ids, attention, ids.masked_fill(mlm, MASK_ID), mlm)
 
 

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, mirror_root
 from project_helpers import BIN, copy_project, env_for, run, shrink
 
-ABLATION = "teams/table4"                                    # its 4 runs at the ablation budget and the control
+ABLATION = "teams/table4"  # its 4 runs at the ablation budget and the control
 ABLATION_RUNS = ["control", "electra_ablation", "teams_ablation", "teams_full_tie", "teams_no_tie"]
 FLOW_TIMEOUT = 600
 
@@ -60,16 +59,17 @@ def stop(proc: subprocess.Popen) -> None:
 def api(base: str, path: str, body: dict | None = None):
     """A JSON call to a server's REST API (POST when there is a body)."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"{base}/{path.lstrip('/')}", data=data,
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        f"{base}/{path.lstrip('/')}", data=data, headers={"content-type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read() or "null")
 
 
 @dataclass(frozen=True)
 class PrefectServer:
-    api: str     # http://127.0.0.1:<port>/api
-    log: Path    # the server's stdout and stderr: its services (the scheduler among them) log there
+    api: str  # http://127.0.0.1:<port>/api
+    log: Path  # the server's stdout and stderr: its services (the scheduler among them) log there
 
 
 @pytest.fixture(scope="session")
@@ -82,13 +82,19 @@ def prefect_server(tmp_path_factory) -> PrefectServer:
     """A Prefect server on a free local port with its SQLite default under a tmp PREFECT_HOME."""
     home = tmp_path_factory.mktemp("prefect-server")
     port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
-           "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
     env.pop("PREFECT_API_URL", None)
     log = home / "server.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(BIN / "prefect"), "server", "start"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(BIN / "prefect"), "server", "start"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         wait_http(f"http://127.0.0.1:{port}/api/health", proc, log)
         yield PrefectServer(f"http://127.0.0.1:{port}/api", log)
@@ -101,10 +107,14 @@ def make_project(dest: Path, preset: str = "tiny", **pretrain) -> Path:
     project = copy_project(dest)
     shrink(project, preset, **pretrain)
     env = env_for(project, None)
-    for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"],
-                [str(BIN / "dvc"), "config", "plots.html_template", "plots.html"], ["git", "add", "-A"],
-                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "project"]):
-        if cmd[-1] == "plots.html":   # the project's page for `dvc plots show` (.dvc/plots.html)
+    for cmd in (
+        ["git", "init", "-q"],
+        [str(BIN / "dvc"), "init", "-q"],
+        [str(BIN / "dvc"), "config", "plots.html_template", "plots.html"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "project"],
+    ):
+        if cmd[-1] == "plots.html":  # the project's page for `dvc plots show` (.dvc/plots.html)
             shutil.copy(ROOT / ".dvc" / "plots.html", project / ".dvc" / "plots.html")
         proc = run(cmd, project, env)
         assert proc.returncode == 0, proc.stderr
@@ -113,8 +123,12 @@ def make_project(dest: Path, preset: str = "tiny", **pretrain) -> Path:
 
 def flow_env(project: Path, prefect: str, db: Path) -> dict:
     env = env_for(project, mirror_root())
-    env.update(PREFECT_API_URL=prefect, PREFECT_HOME=str(project.parent / "prefect-client"),
-               MLFLOW_TRACKING_URI=f"sqlite:///{db}", PREFECT_LOGGING_COLOR="false")
+    env.update(
+        PREFECT_API_URL=prefect,
+        PREFECT_HOME=str(project.parent / "prefect-client"),
+        MLFLOW_TRACKING_URI=f"sqlite:///{db}",
+        PREFECT_LOGGING_COLOR="false",
+    )
     return env
 
 
@@ -143,6 +157,12 @@ def ablation(tmp_path_factory, prefect_api):
     root = tmp_path_factory.mktemp("ablation")
     project = make_project(root / "project")
     db = root / "mlflow.db"
-    proc = subprocess.run(reproduce_cmd("--tables", ABLATION), cwd=project, env=flow_env(project, prefect_api, db),
-                          capture_output=True, text=True, timeout=FLOW_TIMEOUT)
+    proc = subprocess.run(
+        reproduce_cmd("--tables", ABLATION),
+        cwd=project,
+        env=flow_env(project, prefect_api, db),
+        capture_output=True,
+        text=True,
+        timeout=FLOW_TIMEOUT,
+    )
     return project, db, proc

@@ -15,15 +15,13 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from conftest import ROOT
 
 BIN = Path(sys.executable).parent
 
 
 def env_for(project: Path, data: Path | str | None) -> dict:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": str(project / "src")}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(project / "src")}
     env.pop("ELECTRALAB_DATA", None)
     if data is not None:
         env["ELECTRALAB_DATA"] = str(data)
@@ -58,7 +56,7 @@ def set_param(project: Path, dotted: str, value) -> None:
     *path, last = dotted.split(".")
     node = params
     for key in path:
-        node = node.setdefault(key, {})   # like `-S ++key=value`: a key the preset leaves to the code default
+        node = node.setdefault(key, {})  # like `-S ++key=value`: a key the preset leaves to the code default
     node[last] = value
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -67,23 +65,42 @@ MINI_GRID = {"lr": [1.0e-3], "epochs": [1], "batch_size": [8], "warmup": [0.1]}
 MINI = {
     "corpus": {"mirror": [{"file": "wikitext-2-raw_test_nonblank.txt", "format": "wikitext"}], "max_documents": 2000},
     "model": {"hidden": 16, "heads": 1, "ffn": 32, "embedding": 16},
-    "generators": {"electra": {"hidden": 8, "heads": 1, "ffn": 16}, "cocolm": {"layers": 4},
-                   "amos": {"layers": 8}, "teams": {"layers": 6}},
+    "generators": {
+        "electra": {"hidden": 8, "heads": 1, "ffn": 16},
+        "cocolm": {"layers": 4},
+        "amos": {"layers": 8},
+        "teams": {"layers": 6},
+    },
     "shards": {"seq_len": 32},
     "vocab": {"size": 1000},
-    "pretrain": {"steps": 8, "batch_size": 4, "micro_batch_size": 4, "warmup_steps": 2, "log_every": 1,
-                 "checkpoint_every": 2, "checkpoint_fractions": [0.5, 1.0],
-                 # 8 steps cannot be judged; tests/test_guard.py collapses a run on purpose instead.
-                 "guard": {"enabled": False}},
+    "pretrain": {
+        "steps": 8,
+        "batch_size": 4,
+        "micro_batch_size": 4,
+        "warmup_steps": 2,
+        "log_every": 1,
+        "checkpoint_every": 2,
+        "checkpoint_fractions": [0.5, 1.0],
+        # 8 steps cannot be judged; tests/test_guard.py collapses a run on purpose instead.
+        "guard": {"enabled": False},
+    },
     # Three tasks of each kind (classification, regression, SQuAD), one configuration x two seeds, 16 examples:
     # every table cell those tasks feed gets a median; the other tasks' cells stay missing.
-    "finetune": {"tasks": ["rte", "stsb", "squad2"], "seeds": [1, 2], "efficiency_tasks": ["rte"],
-                 "few_shot_tasks": ["rte"], "few_shot_fractions": [0.5],
-                 "grids": {"glue_small": MINI_GRID, "glue_large": MINI_GRID, "squad2": MINI_GRID},
-                 "max_seq_len": 64, "max_train_examples": 16, "train_caps": {}, "max_eval_examples": 16,
-                 "eval_batch_size": 32,
-                 "squad": {"doc_stride": 32, "max_query_len": 16, "max_train_questions": 8, "max_eval_questions": 8},
-                 "resources": {"cpus": 1, "gpus": 0, "max_concurrent": None, "local_cpus": 2}},
+    "finetune": {
+        "tasks": ["rte", "stsb", "squad2"],
+        "seeds": [1, 2],
+        "efficiency_tasks": ["rte"],
+        "few_shot_tasks": ["rte"],
+        "few_shot_fractions": [0.5],
+        "grids": {"glue_small": MINI_GRID, "glue_large": MINI_GRID, "squad2": MINI_GRID},
+        "max_seq_len": 64,
+        "max_train_examples": 16,
+        "train_caps": {},
+        "max_eval_examples": 16,
+        "eval_batch_size": 32,
+        "squad": {"doc_stride": 32, "max_query_len": 16, "max_train_questions": 8, "max_eval_questions": 8},
+        "resources": {"cpus": 1, "gpus": 0, "max_concurrent": None, "local_cpus": 2},
+    },
 }
 
 
@@ -96,6 +113,6 @@ def shrink(project: Path, preset: str = "tiny", **pretrain) -> None:
     target = params["presets"][preset]
     for section, values in MINI.items():
         target[section].update(values)
-    target["budgets"] = {"ablation": {}}   # the ablation budget as short as the main one
+    target["budgets"] = {"ablation": {}}  # the ablation budget as short as the main one
     target["pretrain"].update(pretrain)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -26,21 +26,20 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from helpers import VOCAB, make_batch, tiny_generators, tiny_model
+from torch import nn
 
 from electralab.batch import Batch
 from electralab.errors import ConfigError
 from electralab.objectives import method_settings
 from electralab.objectives.amos import Amos, Settings
 
-LAMBDA = 50.0      # App. B: "the discriminator loss weight lambda = 50"
-TAU = 0.3          # App. B: "The temperature for Gumbel-Softmax is tau = 0.3"
+LAMBDA = 50.0  # App. B: "the discriminator loss weight lambda = 50"
+TAU = 0.3  # App. B: "The temperature for Gumbel-Softmax is tau = 0.3"
 NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0)
 
 
-pytestmark = pytest.mark.usefixtures("single_thread")   # conftest: tiny tensors, one thread
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
 
 
 def build(*, model=None, seed: int = 0, **settings) -> Amos:
@@ -58,6 +57,7 @@ def small_clean(**overrides):
 # ------------------------------------------------------------------------------------------------
 # The paper's math, written out
 # ------------------------------------------------------------------------------------------------
+
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
@@ -120,8 +120,9 @@ class Ref:
     total: torch.Tensor
 
 
-def reference(obj: Amos, batch: Batch, seed: int, *, gamma_grad: float = -1.0, h_grad: float = 0.0,
-              tau: float = TAU) -> Ref:
+def reference(
+    obj: Amos, batch: Batch, seed: int, *, gamma_grad: float = -1.0, h_grad: float = 0.0, tau: float = TAU
+) -> Ref:
     """The paper's AMOS forward (single multi-exit generator; adversarial, uniform or fixed mixture).
 
     gamma_grad / h_grad: the multiplier on the discriminator's gradient into gamma / into h^(d).
@@ -136,13 +137,13 @@ def reference(obj: Amos, batch: Batch, seed: int, *, gamma_grad: float = -1.0, h
     mask, ids = batch.mlm_mask, batch.input_ids
     targets = ids[mask]
     outs = generator_outputs(encoder, batch, set(s.exits[:-1]) if s.stop_gradient else set())
-    f = [outs[d][mask] for d in s.exits]                       # before the projection head
-    h = [project(head, x) for x in f]                          # after it
-    exit_losses = [cross_entropy(x @ E.T + b, targets) for x in h]              # Eq. 2, per exit
+    f = [outs[d][mask] for d in s.exits]  # before the projection head
+    h = [project(head, x) for x in f]  # after it
+    exit_losses = [cross_entropy(x @ E.T + b, targets) for x in h]  # Eq. 2, per exit
     gen_loss = sum(exit_losses)
     M, K = len(targets), len(f)
-    if s.mixture == "adversarial":                                                # Eq. 3
-        scores = torch.stack([x @ obj.mixture_v for x in f], -1)                 # v^T f^(d)
+    if s.mixture == "adversarial":  # Eq. 3
+        scores = torch.stack([x @ obj.mixture_v for x in f], -1)  # v^T f^(d)
         gamma = torch.exp(scores - torch.logsumexp(scores, -1, keepdim=True))
     elif s.mixture == "uniform":
         gamma = torch.full((M, K), 1.0 / K, dtype=dtype)
@@ -153,25 +154,25 @@ def reference(obj: Amos, batch: Batch, seed: int, *, gamma_grad: float = -1.0, h
         raise NotImplementedError(s.mixture)
     g = scale_grad(gamma, gamma_grad)
     hs = [scale_grad(x, h_grad) for x in h]
-    h_bar = sum(g[:, k:k + 1] * hs[k] for k in range(K))                         # h_bar = sum gamma h
+    h_bar = sum(g[:, k : k + 1] * hs[k] for k in range(K))  # h_bar = sum gamma h
     # p_MLM(x | h_bar) = softmax(x^T h_bar + b); the token table/bias are not trained through sampling.
     mixed = h_bar @ E.detach().T + b.detach()
     log_p = mixed - torch.logsumexp(mixed, -1, keepdim=True)
     torch.manual_seed(seed)
-    noise = -torch.log(torch.empty(M, E.shape[0]).exponential_()).to(dtype)       # Gumbel(0, 1)
+    noise = -torch.log(torch.empty(M, E.shape[0]).exponential_()).to(dtype)  # Gumbel(0, 1)
     perturbed = log_p + noise
-    drawn = perturbed.argmax(-1)                                                  # Gumbel-max draw
+    drawn = perturbed.argmax(-1)  # Gumbel-max draw
     replaced = ids.clone()
     replaced[mask] = drawn
     token_embeds = E[replaced]
     if s.mixture == "adversarial" or h_grad:
-        soft = torch.softmax(perturbed / tau, -1)                                 # Gumbel-Softmax
+        soft = torch.softmax(perturbed / tau, -1)  # Gumbel-Softmax
         st = torch.zeros_like(token_embeds)
-        st[mask] = (soft - soft.detach()) @ E.detach()                            # straight-through
+        st[mask] = (soft - soft.detach()) @ E.detach()  # straight-through
         token_embeds = token_embeds + st
     hidden = obj.discriminator(attention_mask=batch.attention_mask, token_embeds=token_embeds)[-1]
     linear = obj.rtd_head.net
-    rtd_logits = hidden @ linear.weight[0] + linear.bias[0]                       # w^T h
+    rtd_logits = hidden @ linear.weight[0] + linear.bias[0]  # w^T h
     real = batch.attention_mask
     disc_loss = binary_cross_entropy(rtd_logits[real], (replaced != ids)[real])
     return Ref(f, h, exit_losses, gen_loss, gamma, drawn, replaced, disc_loss, gen_loss + LAMBDA * disc_loss)
@@ -181,12 +182,15 @@ def reference(obj: Amos, batch: Batch, seed: int, *, gamma_grad: float = -1.0, h
 # Observation helpers
 # ------------------------------------------------------------------------------------------------
 
+
 class DiscriminatorTap:
     """Records what the module feeds its discriminator (token_embeds) and its last hidden layer."""
 
     def __init__(self, obj: Amos):
-        self.handles = [obj.discriminator.register_forward_pre_hook(self._pre, with_kwargs=True),
-                        obj.discriminator.register_forward_hook(self._post)]
+        self.handles = [
+            obj.discriminator.register_forward_pre_hook(self._pre, with_kwargs=True),
+            obj.discriminator.register_forward_hook(self._post),
+        ]
 
     def _pre(self, module, args, kwargs):
         self.token_embeds = kwargs["token_embeds"]
@@ -198,7 +202,7 @@ class DiscriminatorTap:
         """The token ids whose embeddings the discriminator was fed, requiring an EXACT row match
         (the straight-through estimator must not change the forward value)."""
         te = self.token_embeds.detach()
-        match = (te[..., None, :] == table.detach()).all(-1)                  # (B, T, V)
+        match = (te[..., None, :] == table.detach()).all(-1)  # (B, T, V)
         assert (match.sum(-1) == 1).all(), "discriminator input is not exactly one token's embedding"
         return match.float().argmax(-1)
 
@@ -256,14 +260,15 @@ def with_random_v(obj: Amos, seed: int = 5, scale: float = 6.0) -> torch.Tensor:
 # 1. L_GEN (Eq. 2)
 # ------------------------------------------------------------------------------------------------
 
+
 def test_defaults_are_the_papers():
     s = Settings()
     assert s.exits == (4, 6, 8) and s.stop_gradient and s.mixture == "adversarial"
     assert s.gumbel_temperature == TAU and s.rtd_weight == LAMBDA and s.generator_dropout == 0.0
     assert s.adversarial_mlm_multiplier == 0.0 and s.masking.mask_prob == 0.15
     obj = build()
-    assert len(obj.generators) == 1 and len(obj.generators[0].layers) == 8          # 8-layer generator
-    assert obj.generators[0].cfg.hidden == obj.discriminator.cfg.hidden                # full width
+    assert len(obj.generators) == 1 and len(obj.generators[0].layers) == 8  # 8-layer generator
+    assert obj.generators[0].cfg.hidden == obj.discriminator.cfg.hidden  # full width
 
 
 def test_generator_loss_sums_exit_cross_entropies_through_one_shared_head():
@@ -275,10 +280,10 @@ def test_generator_loss_sums_exit_cross_entropies_through_one_shared_head():
     head, E = obj.heads[0], obj.tokens.weight
     targets = batch.input_ids[batch.mlm_mask]
     with torch.no_grad():
-        hidden = obj.generators[0](batch.masked_ids, batch.attention_mask)     # [emb, layer 1..8]
+        hidden = obj.generators[0](batch.masked_ids, batch.attention_mask)  # [emb, layer 1..8]
         total = 0.0
         for d in (4, 6, 8):
-            logits = project(head, hidden[d][batch.mlm_mask]) @ E.T + head.bias   # x^T h^(d) + b
+            logits = project(head, hidden[d][batch.mlm_mask]) @ E.T + head.bias  # x^T h^(d) + b
             loss = cross_entropy(logits, targets)
             assert_close(m[f"gen_loss_exit{d}"], loss, f"exit {d} loss", rel=1e-5)
             acc = (logits.argmax(-1) == targets).float().mean()
@@ -294,6 +299,7 @@ def test_generator_loss_sums_exit_cross_entropies_through_one_shared_head():
 # 2. Mixture weights and the mixed distribution (Eq. 3)
 # ------------------------------------------------------------------------------------------------
 
+
 def test_mixture_weights_use_features_before_the_projection_head():
     obj = build(model=small_clean())
     v = with_random_v(obj)
@@ -302,9 +308,9 @@ def test_mixture_weights_use_features_before_the_projection_head():
     out = obj(batch)
     with torch.no_grad():
         hidden = obj.generators[0](batch.masked_ids, batch.attention_mask)
-        f = torch.stack([hidden[d][batch.mlm_mask] for d in (4, 6, 8)], 1)        # (M, K, H)
+        f = torch.stack([hidden[d][batch.mlm_mask] for d in (4, 6, 8)], 1)  # (M, K, H)
         scores = f @ v
-        gamma = torch.exp(scores - torch.logsumexp(scores, -1, keepdim=True))    # softmax over exits
+        gamma = torch.exp(scores - torch.logsumexp(scores, -1, keepdim=True))  # softmax over exits
         assert_close(obj.mixture(f, 0.0), gamma, "gamma per masked position", rel=1e-5)
         for k, d in enumerate((4, 6, 8)):
             assert_close(out.metrics[f"mix_weight_exit{d}"], gamma[:, k].mean(), f"mix_weight_exit{d}", rel=1e-5)
@@ -312,7 +318,7 @@ def test_mixture_weights_use_features_before_the_projection_head():
         h = project(obj.heads[0], f)
         after = (h @ v).softmax(-1)
         assert (after.mean(0) - gamma.mean(0)).abs().max() > 1e-2
-        assert gamma.max() - gamma.min() > 0.3       # a non-trivial mixture
+        assert gamma.max() - gamma.min() > 0.3  # a non-trivial mixture
 
 
 def test_replaced_tokens_are_gumbel_max_draws_from_the_mixed_embedding_distribution():
@@ -334,20 +340,21 @@ def test_replaced_tokens_are_gumbel_max_draws_from_the_mixed_embedding_distribut
     assert torch.equal(tap.token_embeds.detach(), obj.tokens.weight.detach()[ref.replaced])
     # The draw is not trivially the argmax of p (the noise matters), so the check above has teeth.
     with torch.no_grad():
-        h_bar = sum(ref.gamma[:, k:k + 1] * ref.h[k] for k in range(3))
+        h_bar = sum(ref.gamma[:, k : k + 1] * ref.h[k] for k in range(3))
         greedy = (h_bar @ obj.tokens.weight.T + obj.heads[0].bias).argmax(-1)
     assert (greedy != ref.drawn).float().mean() > 0.5
     # And the identity the docstring relies on: mixing logits with weights that sum to 1 equals
     # the logits of the mixed embedding.
     with torch.no_grad():
         E, b = obj.tokens.weight, obj.heads[0].bias
-        mixed_logits = sum(ref.gamma[:, k:k + 1] * (ref.h[k] @ E.T + b) for k in range(3))
+        mixed_logits = sum(ref.gamma[:, k : k + 1] * (ref.h[k] @ E.T + b) for k in range(3))
         assert_close(mixed_logits.log_softmax(-1), (h_bar @ E.T + b).log_softmax(-1), "logit mixing", rel=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
 # 3. Gumbel-Softmax: the hard token is an exact draw; the soft sample uses tau = 0.3
 # ------------------------------------------------------------------------------------------------
+
 
 def test_hard_token_is_an_exact_draw_from_p_mlm():
     """A hand-made distribution: with the head's LayerNorm gain and shift at zero every exit's
@@ -365,7 +372,7 @@ def test_hard_token_is_an_exact_draw_from_p_mlm():
         obj.heads[0].bias.fill_(-1e4)
         obj.heads[0].bias[support] = probs.log()
     tap = DiscriminatorTap(obj)
-    batch = make_batch(batch_size=32, length=64, mask_prob=1.0, seed=5)      # every position masked
+    batch = make_batch(batch_size=32, length=64, mask_prob=1.0, seed=5)  # every position masked
     assert batch.mlm_mask.all()
     torch.manual_seed(123)
     counts = torch.zeros(VOCAB)
@@ -375,10 +382,10 @@ def test_hard_token_is_an_exact_draw_from_p_mlm():
             counts += torch.bincount(tap.tokens(obj.tokens.weight).flatten(), minlength=VOCAB)
     n = counts.sum()
     assert n == 10 * 32 * 64
-    assert counts[support].sum() == n                                          # nothing off the support
+    assert counts[support].sum() == n  # nothing off the support
     expected = probs * n
     chi2 = ((counts[support] - expected) ** 2 / expected).sum().item()
-    assert chi2 < 35.9, chi2                       # chi2(5 dof) upper 1e-6 quantile is ~35.9
+    assert chi2 < 35.9, chi2  # chi2(5 dof) upper 1e-6 quantile is ~35.9
     freq = counts[support] / n
     assert ((freq - probs).abs() <= 5 * torch.sqrt(probs * (1 - probs) / n)).all(), freq
 
@@ -392,8 +399,10 @@ def test_soft_sample_uses_temperature_0_3():
     torch.manual_seed(8)
     g_mod = grads(obj, obj(batch).loss)["mixture_v"]
     ref_obj = in_float64(obj)
-    g = {tau: -grads(ref_obj, LAMBDA * reference(ref_obj, batch, 8, gamma_grad=1.0, tau=tau).disc_loss)["mixture_v"]
-         for tau in (TAU, 1.0)}
+    g = {
+        tau: -grads(ref_obj, LAMBDA * reference(ref_obj, batch, 8, gamma_grad=1.0, tau=tau).disc_loss)["mixture_v"]
+        for tau in (TAU, 1.0)
+    }
     assert_grad_close(g_mod, g[TAU], "d/dv at tau=0.3")
     assert (g_mod - g[1.0]).norm() > 0.05 * g_mod.norm()
 
@@ -402,8 +411,13 @@ def test_soft_sample_uses_temperature_0_3():
 # 4. Gradient reversal (Eq. 4 and the paragraph after it)
 # ------------------------------------------------------------------------------------------------
 
-HEAD_PARAMS = ("heads.0.transform.0.weight", "heads.0.transform.0.bias", "heads.0.transform.2.weight",
-               "heads.0.transform.2.bias", "heads.0.bias")
+HEAD_PARAMS = (
+    "heads.0.transform.0.weight",
+    "heads.0.transform.0.bias",
+    "heads.0.transform.2.weight",
+    "heads.0.transform.2.bias",
+    "heads.0.bias",
+)
 
 
 @pytest.fixture(scope="module")
@@ -416,10 +430,17 @@ def adversarial_case():
     out = obj(batch)
     g_mod = grads(obj, out.loss)
     ref_obj = in_float64(obj)
-    ref = reference(ref_obj, batch, 9)                                 # GRL on gamma, h gets nothing
-    identity = reference(ref_obj, batch, 9, gamma_grad=1.0)            # the GRL replaced by identity
-    return dict(obj=obj, out=out, g_mod=g_mod, ref=ref, g_ref=grads(ref_obj, ref.total),
-                g_gen=grads(ref_obj, identity.gen_loss), g_disc=grads(ref_obj, LAMBDA * identity.disc_loss))
+    ref = reference(ref_obj, batch, 9)  # GRL on gamma, h gets nothing
+    identity = reference(ref_obj, batch, 9, gamma_grad=1.0)  # the GRL replaced by identity
+    return dict(
+        obj=obj,
+        out=out,
+        g_mod=g_mod,
+        ref=ref,
+        g_ref=grads(ref_obj, ref.total),
+        g_gen=grads(ref_obj, identity.gen_loss),
+        g_disc=grads(ref_obj, LAMBDA * identity.disc_loss),
+    )
 
 
 def test_module_matches_the_paper_construction_loss_and_every_gradient(adversarial_case):
@@ -432,15 +453,15 @@ def test_module_matches_the_paper_construction_loss_and_every_gradient(adversari
 
 def test_v_receives_the_negated_discriminator_gradient(adversarial_case):
     c = adversarial_case
-    g_v_disc = c["g_disc"]["mixture_v"]            # d(lambda L_DISC)/dv without reversal
-    assert g_v_disc.norm() > 1e-7          # small at init (a saturated tau = 0.3 softmax), not zero
-    assert c["g_gen"]["mixture_v"].abs().max() == 0           # L_GEN does not depend on v
+    g_v_disc = c["g_disc"]["mixture_v"]  # d(lambda L_DISC)/dv without reversal
+    assert g_v_disc.norm() > 1e-7  # small at init (a saturated tau = 0.3 softmax), not zero
+    assert c["g_gen"]["mixture_v"].abs().max() == 0  # L_GEN does not depend on v
     assert_grad_close(c["g_mod"]["mixture_v"], -g_v_disc, "v gets -d(lambda L_DISC)/dv")
 
 
 def test_exit_embeddings_head_and_token_table_get_no_discriminator_gradient_through_sampling(adversarial_case):
     c = adversarial_case
-    for name in HEAD_PARAMS:               # h^(d) = head(f^(d)): only L_GEN trains the head
+    for name in HEAD_PARAMS:  # h^(d) = head(f^(d)): only L_GEN trains the head
         assert c["g_gen"][name].norm() > 0
         assert_grad_close(c["g_mod"][name], c["g_gen"][name], f"{name} = dL_GEN only")
     # The shared token table: L_GEN + the discriminator's own input lookup + the reversed gamma path
@@ -488,12 +509,17 @@ def test_adversarial_mlm_reverses_a_0_1_scaled_gradient_into_the_exit_embeddings
 # 5. Stop-gradient between blocks
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("exits, stop, blocks", [
-    ((4, 6, 8), True, {4: range(1, 5), 6: range(5, 7), 8: range(7, 9)}),
-    ((2, 4, 6, 8), True, {2: range(1, 3), 4: range(3, 5), 6: range(5, 7), 8: range(7, 9)}),
-    ((4, 8), True, {4: range(1, 5), 8: range(5, 9)}),
-    ((4, 6, 8), False, {4: range(1, 5), 6: range(1, 7), 8: range(1, 9)}),
-], ids=["4-6-8", "2-4-6-8", "4-8", "no-stop-grad"])
+
+@pytest.mark.parametrize(
+    "exits, stop, blocks",
+    [
+        ((4, 6, 8), True, {4: range(1, 5), 6: range(5, 7), 8: range(7, 9)}),
+        ((2, 4, 6, 8), True, {2: range(1, 3), 4: range(3, 5), 6: range(5, 7), 8: range(7, 9)}),
+        ((4, 8), True, {4: range(1, 5), 8: range(5, 9)}),
+        ((4, 6, 8), False, {4: range(1, 5), 6: range(1, 7), 8: range(1, 9)}),
+    ],
+    ids=["4-6-8", "2-4-6-8", "4-8", "no-stop-grad"],
+)
 def test_each_exit_loss_reaches_only_its_block(exits, stop, blocks):
     obj = build(model=small_clean(), exits=list(exits), stop_gradient=stop, mixture="uniform")
     batch = make_batch(seed=7)
@@ -521,6 +547,7 @@ def test_each_exit_loss_reaches_only_its_block(exits, stop, blocks):
 # 6. One shared head, one shared token table, generator dropout off
 # ------------------------------------------------------------------------------------------------
 
+
 def _token_tables(obj: Amos) -> list[nn.Parameter]:
     return [p for p in obj.parameters() if p.shape == (VOCAB, obj.tokens.embedding_dim)]
 
@@ -530,7 +557,7 @@ def test_one_shared_mlm_head_and_one_token_table():
     assert len(obj.heads) == 1
     _, _, heads = obj.exits(make_batch())
     assert len(heads) == 3 and all(head is obj.heads[0] for head in heads)
-    assert len(_token_tables(obj)) == 1                                   # one Parameter in all
+    assert len(_token_tables(obj)) == 1  # one Parameter in all
     for module in (*[g.embeddings for g in obj.generators], obj.discriminator.embeddings, *obj.heads):
         assert module.tokens is obj.tokens
 
@@ -559,7 +586,7 @@ def test_separate_generators_have_their_own_heads_and_share_the_token_table(dept
 
 @pytest.mark.parametrize("settings", [{}, {"separate_generators": [4, 6, 8]}], ids=["multi-exit", "separate"])
 def test_generator_dropout_is_off(settings):
-    obj = build(model=tiny_model(layers=2), **settings)            # the main model has dropout 0.1
+    obj = build(model=tiny_model(layers=2), **settings)  # the main model has dropout 0.1
     batch = make_batch()
     for gen in obj.generators:
         assert all(m.p == 0 for m in gen.modules() if isinstance(m, nn.Dropout))
@@ -581,6 +608,7 @@ def test_generator_dropout_is_off(settings):
 # 7. Mixture modes (Table 2/8 rows)
 # ------------------------------------------------------------------------------------------------
 
+
 def _mix_weights(out, exits) -> torch.Tensor:
     return torch.stack([out.metrics[f"mix_weight_exit{d}"] for d in exits])
 
@@ -589,11 +617,15 @@ def _generator_side(obj: Amos) -> list[str]:
     return [n for n, _ in obj.named_parameters() if n.startswith(("generators.", "heads."))]
 
 
-@pytest.mark.parametrize("settings, expected", [
-    ({"mixture": "uniform"}, [1 / 3, 1 / 3, 1 / 3]),
-    ({"mixture": "uniform", "exits": [2, 4, 6, 8]}, [0.25] * 4),
-    ({"mixture": "fixed", "fixed_weights": [2.0, 3.0, 5.0]}, [0.2, 0.3, 0.5]),
-], ids=["uniform", "uniform-4-exits", "fixed"])
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({"mixture": "uniform"}, [1 / 3, 1 / 3, 1 / 3]),
+        ({"mixture": "uniform", "exits": [2, 4, 6, 8]}, [0.25] * 4),
+        ({"mixture": "fixed", "fixed_weights": [2.0, 3.0, 5.0]}, [0.2, 0.3, 0.5]),
+    ],
+    ids=["uniform", "uniform-4-exits", "fixed"],
+)
 def test_constant_mixtures_and_no_adversary(settings, expected):
     obj = build(model=small_clean(), **settings)
     assert not hasattr(obj, "mixture_v")
@@ -631,7 +663,7 @@ def test_random_layer_picks_one_exit_per_position_uniformly():
     gamma = obj.mixture(torch.zeros(3000, 3, 32), 0.0)
     assert ((gamma == 0) | (gamma == 1)).all() and (gamma.sum(-1) == 1).all()
     counts = gamma.sum(0)
-    assert ((counts - 1000).abs() < 5 * math.sqrt(3000 * (1 / 3) * (2 / 3))).all(), counts   # 5 sigma
+    assert ((counts - 1000).abs() < 5 * math.sqrt(3000 * (1 / 3) * (2 / 3))).all(), counts  # 5 sigma
     # In the forward: the replaced token at each position is a Gumbel-max draw from the picked
     # exit's own distribution. (Replays the module's RNG order: the exit picks, then the noise.)
     batch = make_batch(batch_size=6, length=32, seed=8)
@@ -653,8 +685,10 @@ def test_random_layer_picks_one_exit_per_position_uniformly():
     assert_close(_mix_weights(out, (4, 6, 8)), torch.bincount(pick, minlength=3) / M, "picks", rel=1e-6)
 
 
-@pytest.mark.parametrize("progress, exit_index", [
-    (0.0, 0), (0.2, 0), (0.33, 0), (1 / 3, 1), (0.5, 1), (0.66, 1), (2 / 3, 2), (0.9, 2), (0.999, 2)])
+@pytest.mark.parametrize(
+    "progress, exit_index",
+    [(0.0, 0), (0.2, 0), (0.33, 0), (1 / 3, 1), (0.5, 1), (0.66, 1), (2 / 3, 2), (0.9, 2), (0.999, 2)],
+)
 def test_layer_switch_goes_4_6_8_at_thirds(progress, exit_index):
     obj = build(model=small_clean(), mixture="layer_switch")
     assert not hasattr(obj, "mixture_v")
@@ -667,12 +701,13 @@ def test_layer_switch_goes_4_6_8_at_thirds(progress, exit_index):
 # 8. RTD loss (Eq. 1) and the total with lambda = 50
 # ------------------------------------------------------------------------------------------------
 
+
 def test_rtd_loss_is_bce_on_all_real_tokens_and_a_sampled_original_counts_as_original():
     """p_MLM is forced onto token t (head LayerNorm at zero, bias +50 on t); half the masked
     positions hold t originally, so there the sample equals the original and must be labelled
     "original"; [PAD] positions are not scored."""
     t = 42
-    obj = build(model=tiny_model(layers=2))                      # discriminator dropout on: tapped
+    obj = build(model=tiny_model(layers=2))  # discriminator dropout on: tapped
     with torch.no_grad():
         obj.heads[0].transform[2].weight.zero_()
         obj.heads[0].transform[2].bias.zero_()
@@ -732,7 +767,7 @@ def _train(settings: dict, steps: int = 6, seed: int = 0) -> tuple[float, list[f
     batch = make_batch(seed=10)
 
     def run(progress: float):
-        torch.manual_seed(11)             # the same Gumbel noise / picks / dropout at every step
+        torch.manual_seed(11)  # the same Gumbel noise / picks / dropout at every step
         return obj(batch, progress=progress)
 
     with torch.no_grad():
@@ -762,17 +797,20 @@ def test_row_lowers_its_loss_and_is_reproducible(settings):
     assert _train(settings, steps=0, seed=1)[0] != before
 
 
-@pytest.mark.parametrize("settings, key", [
-    ({"mixture": "fixed"}, "fixed_weights"),
-    ({"mixture": "fixed", "fixed_weights": [0.5, 0.5]}, "fixed_weights"),
-    ({"mixture": "fixed", "fixed_weights": [1.0, -1.0, 1.0]}, "fixed_weights"),
-    ({"exits": [6, 4, 8]}, "exits"),
-    ({"exits": [4, 4, 8]}, "exits"),
-    ({"generator_layers": 6, "exits": [4, 6, 8]}, "exits"),
-    ({"mixture": "softmax"}, "mixture"),
-    ({"gumbel_temperature": 0.0}, "gumbel_temperature"),
-    ({"exit": [4]}, "exit"),
-])
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"mixture": "fixed"}, "fixed_weights"),
+        ({"mixture": "fixed", "fixed_weights": [0.5, 0.5]}, "fixed_weights"),
+        ({"mixture": "fixed", "fixed_weights": [1.0, -1.0, 1.0]}, "fixed_weights"),
+        ({"exits": [6, 4, 8]}, "exits"),
+        ({"exits": [4, 4, 8]}, "exits"),
+        ({"generator_layers": 6, "exits": [4, 6, 8]}, "exits"),
+        ({"mixture": "softmax"}, "mixture"),
+        ({"gumbel_temperature": 0.0}, "gumbel_temperature"),
+        ({"exit": [4]}, "exit"),
+    ],
+)
 def test_bad_settings_raise_config_error_naming_the_key(settings, key):
     with pytest.raises(ConfigError, match=rf"amos\.{key}\b|'{key}'"):
         method_settings("amos", settings)
@@ -780,4 +818,4 @@ def test_bad_settings_raise_config_error_naming_the_key(settings, key):
 
 def test_exit_above_the_generator_preset_depth_is_a_config_error():
     with pytest.raises(ConfigError, match="exits"):
-        build(exits=[4, 10])                     # tiny_generators().amos has 8 layers
+        build(exits=[4, 10])  # tiny_generators().amos has 8 layers

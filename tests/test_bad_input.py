@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import mirror_root
 from project_helpers import copy_project, env_for, run, set_param, shrink, stage_args
 
@@ -36,15 +35,17 @@ def fails_with(project: Path, args: list[str], message: str) -> None:
 
 
 def test_missing_shards_manifest(project):
-    fails_with(project, stage_args("pretrain", "mlm"),
-               "data/shards/manifest.json: no such file; run the shards stage")
+    fails_with(project, stage_args("pretrain", "mlm"), "data/shards/manifest.json: no such file; run the shards stage")
 
 
-@pytest.mark.parametrize("stage, message", [
-    ("shards", "data/corpus/manifest.json: no such file; run the corpus stage first (dvc repro corpus)"),
-    ("finetune", "models/mlm/encoder: no exported encoder; run the pretraining first"),
-    ("export", "models/mlm/summary.json: no such file; run the pretrain@mlm stage first"),
-])
+@pytest.mark.parametrize(
+    "stage, message",
+    [
+        ("shards", "data/corpus/manifest.json: no such file; run the corpus stage first (dvc repro corpus)"),
+        ("finetune", "models/mlm/encoder: no exported encoder; run the pretraining first"),
+        ("export", "models/mlm/summary.json: no such file; run the pretrain@mlm stage first"),
+    ],
+)
 def test_a_missing_input_directory_is_named(project, stage, message):
     fails_with(project, stage_args(stage, "mlm"), message)
 
@@ -53,9 +54,13 @@ def test_a_missing_vocabulary_stops_pretraining_before_it_starts(project):
     """The vocabulary is copied into the model only once training ends: a wrong path must not cost a run."""
     (project / "data" / "shards").mkdir(parents=True)
     (project / "data" / "shards" / "manifest.json").write_text(
-        '{"seq_len": 32, "vocab_size": 1000, "dtype": "uint16", "splits": {}}', encoding="utf-8")
-    fails_with(project, stage_args("pretrain", "mlm"),
-               "data/vocab/electralab_tokenizer.json: no such file; run the vocab stage first")
+        '{"seq_len": 32, "vocab_size": 1000, "dtype": "uint16", "splits": {}}', encoding="utf-8"
+    )
+    fails_with(
+        project,
+        stage_args("pretrain", "mlm"),
+        "data/vocab/electralab_tokenizer.json: no such file; run the vocab stage first",
+    )
 
 
 def test_corrupt_shards_manifest(project):
@@ -64,10 +69,21 @@ def test_corrupt_shards_manifest(project):
     fails_with(project, stage_args("pretrain", "mlm"), "data/shards/manifest.json: not a readable manifest")
 
 
-@pytest.mark.parametrize("dotted, value, message", [
-    ("presets.tiny.pretrain.adam_betas", [1.5, 2.0], "presets.tiny.pretrain.adam_betas=[1.5, 2.0]: betas must be in [0, 1)"),
-    ("presets.tiny.pretrain.checkpoint_fractions", [1.5, -1], "presets.tiny.pretrain.checkpoint_fractions=[1.5, -1.0]"),
-])
+@pytest.mark.parametrize(
+    "dotted, value, message",
+    [
+        (
+            "presets.tiny.pretrain.adam_betas",
+            [1.5, 2.0],
+            "presets.tiny.pretrain.adam_betas=[1.5, 2.0]: betas must be in [0, 1)",
+        ),
+        (
+            "presets.tiny.pretrain.checkpoint_fractions",
+            [1.5, -1],
+            "presets.tiny.pretrain.checkpoint_fractions=[1.5, -1.0]",
+        ),
+    ],
+)
 def test_out_of_range_pretraining_settings(project, dotted, value, message):
     set_param(project, dotted, value)
     fails_with(project, stage_args("pretrain", "mlm"), message)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import VOCAB, make_batch, tiny_generators, tiny_model
 from torch import nn
 
 from electralab import CLS_ID, MASK_ID, PAD_ID
@@ -34,17 +35,16 @@ from electralab.objectives import method_settings
 from electralab.objectives.cocolm import CocoLM, Settings, crop, lm_log_prob, lm_predict, scl_loss
 from electralab.objectives.common import sample
 
-from helpers import VOCAB, make_batch, tiny_generators, tiny_model
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
-pytestmark = pytest.mark.usefixtures("single_thread")   # conftest: tiny tensors, one thread
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
 
 
 # ------------------------------------------------------------------------------------------------
 # Builders and independent references
 # ------------------------------------------------------------------------------------------------
+
 
 def shallow_model(**overrides):
     """tiny_model() with 2 main layers: depth does not matter for the formulas."""
@@ -72,9 +72,14 @@ def recording(module: nn.Module):
 
     def hook(m, args, out):
         last = out[-1] if isinstance(out, list) else out
-        calls.append({"training": m.training, "args": [a.detach().clone() if torch.is_tensor(a) else a
-                                                        for a in args],
-                      "out": last.detach().clone(), "out_graph": last})
+        calls.append(
+            {
+                "training": m.training,
+                "args": [a.detach().clone() if torch.is_tensor(a) else a for a in args],
+                "out": last.detach().clone(),
+                "out_graph": last,
+            }
+        )
 
     handle = module.register_forward_hook(hook)
     try:
@@ -115,7 +120,7 @@ def scl_reference(s: torch.Tensor, s_pos: torch.Tensor, tau: float) -> dict:
 
     losses, counts, pos, neg = [], [], [], []
     for a in range(2 * n):
-        p = (a + n) % (2 * n)                               # X_k^MLM <-> X_k^crop
+        p = (a + n) % (2 * n)  # X_k^MLM <-> X_k^crop
         negatives = [j for j in range(2 * n) if j not in (a, p)]
         counts.append(len(negatives))
         numerator = math.exp(cos(views[a], views[p]) / tau)
@@ -123,8 +128,12 @@ def scl_reference(s: torch.Tensor, s_pos: torch.Tensor, tau: float) -> dict:
         losses.append(-math.log(numerator / denominator))
         pos.append(cos(views[a], views[p]))
         neg += [cos(views[a], views[j]) for j in negatives]
-    return {"loss": sum(losses) / len(losses), "counts": counts, "pos": sum(pos) / len(pos),
-            "neg": sum(neg) / len(neg) if neg else float("nan")}
+    return {
+        "loss": sum(losses) / len(losses),
+        "counts": counts,
+        "pos": sum(pos) / len(pos),
+        "neg": sum(neg) / len(neg) if neg else float("nan"),
+    }
 
 
 def reference_terms(model: CocoLM, batch, main_calls, aux_logits) -> dict[str, float]:
@@ -132,14 +141,14 @@ def reference_terms(model: CocoLM, batch, main_calls, aux_logits) -> dict[str, f
     s = model.settings
     orig, real = batch.input_ids, batch.attention_mask
     terms = {}
-    if aux_logits is not None:                               # L_MLM of the auxiliary (masked positions)
+    if aux_logits is not None:  # L_MLM of the auxiliary (masked positions)
         targets = orig[batch.mlm_mask]
         p = softmax64(aux_logits)[torch.arange(len(targets)), targets]
         terms["aux"] = float(-p.log().mean())
     x_mlm, hidden = main_calls[0]["args"][0], main_calls[0]["out"]
-    y = (x_mlm == orig).double()                              # 1(x^MLM = x^orig)
+    y = (x_mlm == orig).double()  # 1(x^MLM = x^orig)
     pc = copy_prob(model, hidden)
-    if s.copy_loss:                                           # Eq. 2 on every real token
+    if s.copy_loss:  # Eq. 2 on every real token
         bce = -(y * pc.log() + (1 - y) * (1 - pc).log())
         terms["copy"] = float(bce[real].mean())
     if s.lm != "none":
@@ -152,7 +161,7 @@ def reference_terms(model: CocoLM, batch, main_calls, aux_logits) -> dict[str, f
     return terms
 
 
-KEPT = 50   # a token id the auxiliary is made to favour
+KEPT = 50  # a token id the auxiliary is made to favour
 
 
 def keep_some_originals(model: CocoLM, batch, seed: int = 0):
@@ -168,8 +177,7 @@ def keep_some_originals(model: CocoLM, batch, seed: int = 0):
 
 
 def total(terms: dict[str, float], copy_weight: float = 50.0) -> float:
-    return (terms.get("aux", 0.0) + copy_weight * terms.get("copy", 0.0) + terms.get("lm", 0.0)
-            + terms.get("scl", 0.0))
+    return terms.get("aux", 0.0) + copy_weight * terms.get("copy", 0.0) + terms.get("lm", 0.0) + terms.get("scl", 0.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -178,31 +186,34 @@ def total(terms: dict[str, float], copy_weight: float = 50.0) -> float:
 
 # Four positions, a vocabulary of 7. Rows 0 and 2: input token == target (copyable); 1 and 3: not.
 # Row 3 has large logits (a naive exp in float32 would overflow) and a strongly negative copy logit.
-LOGITS = [[0.5, -1.0, 2.0, 0.1, 0.0, -0.3, 1.2],
-          [1.0, 0.2, -0.5, 0.3, 2.2, -1.1, 0.0],
-          [-0.2, 0.4, 0.9, -2.0, 0.6, 0.0, 0.3],
-          [90.0, 88.5, 91.0, 87.0, 89.5, 92.0, 90.5]]
+LOGITS = [
+    [0.5, -1.0, 2.0, 0.1, 0.0, -0.3, 1.2],
+    [1.0, 0.2, -0.5, 0.3, 2.2, -1.1, 0.0],
+    [-0.2, 0.4, 0.9, -2.0, 0.6, 0.0, 0.3],
+    [90.0, 88.5, 91.0, 87.0, 89.5, 92.0, 90.5],
+]
 COPY = [1.5, -0.7, 0.3, -40.0]
 INPUTS = [3, 5, 2, 6]
 TARGETS = [3, 1, 2, 4]
 
 
 def _p_lm_explicit(row: int, copy: bool) -> float:
-    e = [math.exp(v - max(LOGITS[row])) for v in LOGITS[row]]       # shift only to fit in a double
+    e = [math.exp(v - max(LOGITS[row])) for v in LOGITS[row]]  # shift only to fit in a double
     p_vocab = e[TARGETS[row]] / sum(e)
     if not copy:
         return p_vocab
-    p1 = 1.0 / (1.0 + math.exp(-COPY[row]))                          # p_copy(1|h)
+    p1 = 1.0 / (1.0 + math.exp(-COPY[row]))  # p_copy(1|h)
     return (INPUTS[row] == TARGETS[row]) * p1 + (1.0 - p1) * p_vocab
 
 
 @pytest.mark.parametrize("copy", [True, False])
 def test_lm_log_prob_matches_explicit_probabilities(copy):
-    got = lm_log_prob(torch.tensor(LOGITS), torch.tensor(COPY) if copy else None,
-                      torch.tensor(INPUTS), torch.tensor(TARGETS))
+    got = lm_log_prob(
+        torch.tensor(LOGITS), torch.tensor(COPY) if copy else None, torch.tensor(INPUTS), torch.tensor(TARGETS)
+    )
     expected = torch.tensor([math.log(_p_lm_explicit(r, copy)) for r in range(4)], dtype=torch.float64)
     torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-6)
-    if copy:   # the copy term matters: dropping it changes the copyable rows
+    if copy:  # the copy term matters: dropping it changes the copyable rows
         without = torch.tensor([math.log(_p_lm_explicit(r, False)) for r in (0, 2)], dtype=torch.float64)
         assert (got.double()[[0, 2]] - without).abs().min() > 0.1
 
@@ -247,7 +258,7 @@ def test_forward_loss_equals_independent_reconstruction(row):
     s = model.settings
     assert len(main_calls) == (2 if s.scl else 1)
     aux_train = [c for c in aux_calls if c["training"]]
-    assert len(aux_train) == 1                                # the loss call, with dropout on
+    assert len(aux_train) == 1  # the loss call, with dropout on
     terms = reference_terms(model, batch, main_calls, aux_train[0]["out"])
 
     assert out.loss.item() == pytest.approx(total(terms), rel=1e-6, abs=2e-5)
@@ -258,7 +269,7 @@ def test_forward_loss_equals_independent_reconstruction(row):
             assert float(out.metrics[key]) == pytest.approx(terms[name], rel=1e-5, abs=1e-6)
 
     x_mlm = main_calls[0]["args"][0]
-    assert torch.equal(x_mlm[~batch.mlm_mask], batch.input_ids[~batch.mlm_mask])   # Eq. 1
+    assert torch.equal(x_mlm[~batch.mlm_mask], batch.input_ids[~batch.mlm_mask])  # Eq. 1
     assert torch.equal(main_calls[0]["args"][1], batch.attention_mask)
 
 
@@ -304,6 +315,7 @@ def test_copy_loss_covers_real_tokens_and_lm_loss_the_masked_positions():
 # 2. Stop-gradient
 # ------------------------------------------------------------------------------------------------
 
+
 def _copy_head_grads(model: CocoLM, batch) -> list[torch.Tensor]:
     model.zero_grad(set_to_none=True)
     torch.manual_seed(5)
@@ -311,12 +323,14 @@ def _copy_head_grads(model: CocoLM, batch) -> list[torch.Tensor]:
     return [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.copy_head.parameters()]
 
 
-@pytest.mark.parametrize("row, values, reaches", [
-    ("CLM, L_LM isolated", {"copy_loss": False, "scl": False}, False),
-    ("CLM w/o. Stop-grad, L_LM isolated", {"copy_loss": False, "scl": False, "stop_gradient": False}, True),
-    ("All-Token LM Only", {"lm": "all_tokens", "copy_loss": False, "stop_gradient": False, "scl": False},
-     True),
-])
+@pytest.mark.parametrize(
+    "row, values, reaches",
+    [
+        ("CLM, L_LM isolated", {"copy_loss": False, "scl": False}, False),
+        ("CLM w/o. Stop-grad, L_LM isolated", {"copy_loss": False, "scl": False, "stop_gradient": False}, True),
+        ("All-Token LM Only", {"lm": "all_tokens", "copy_loss": False, "stop_gradient": False, "scl": False}, True),
+    ],
+)
 def test_lm_loss_reaches_copy_head_only_without_stop_gradient(row, values, reaches):
     """Loss = L_MLM(aux) + L_LM here; the auxiliary never touches the copy head."""
     model = build(seed=4, **values)
@@ -343,7 +357,7 @@ def test_copy_head_gradient_is_exactly_that_of_the_copy_loss(stop_gradient):
     full = torch.autograd.grad(out.loss, params, retain_graph=True)
     x_mlm, hidden = main_calls[0]["args"][0], main_calls[0]["out_graph"]
     real = batch.attention_mask
-    logit = hidden @ params[0][0] + params[1][0]             # independent path through the same weights
+    logit = hidden @ params[0][0] + params[1][0]  # independent path through the same weights
     copy_only = 50.0 * F.binary_cross_entropy_with_logits(logit[real], (x_mlm == batch.input_ids)[real].float())
     alone = torch.autograd.grad(copy_only, params)
     same = all(torch.allclose(a, b, rtol=1e-5, atol=1e-8) for a, b in zip(full, alone))
@@ -354,13 +368,14 @@ def test_copy_head_gradient_is_exactly_that_of_the_copy_loss(stop_gradient):
 # 3. SCL
 # ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("tau", [1.0, 0.5])
 def test_scl_loss_matches_explicit_loop(tau):
     g = torch.Generator().manual_seed(0)
     s, s_pos = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
     loss, metrics = scl_loss(s, s_pos, tau)
     ref = scl_reference(s, s_pos, tau)
-    assert ref["counts"] == [4] * 6                          # 2N - 2 negatives per anchor
+    assert ref["counts"] == [4] * 6  # 2N - 2 negatives per anchor
     assert float(loss) == pytest.approx(ref["loss"], rel=1e-6)
     assert float(metrics["scl_pos_cos"]) == pytest.approx(ref["pos"], rel=1e-6)
     assert float(metrics["scl_neg_cos"]) == pytest.approx(ref["neg"], rel=1e-6)
@@ -390,8 +405,8 @@ def test_scl_one_directional_variant_would_differ():
     z = F.normalize(torch.cat([s, s_pos]).double(), dim=-1)
     cos = z @ z.T
     one_way = []
-    for a in range(3):   # anchors X^MLM only
-        row = torch.cat([cos[a, :a], cos[a, a + 1:]])
+    for a in range(3):  # anchors X^MLM only
+        row = torch.cat([cos[a, :a], cos[a, a + 1 :]])
         one_way.append(-(cos[a, a + 3] - torch.log(torch.exp(row).sum())))
     loss, _ = scl_loss(s, s_pos, 1.0)
     assert abs(float(loss) - float(torch.stack(one_way).mean())) > 1e-3
@@ -424,14 +439,14 @@ def test_scl_gradient_reaches_both_views():
 
 def test_settings_defaults_follow_the_paper():
     s = Settings()
-    assert s.scl_temperature == 1.0                  # Sec. 3.3 and App. B
-    assert s.copy_weight == 50.0                     # lambda_copy, App. B
-    assert s.crop_fraction == 0.9                    # App. B: 10% crop ratio
-    assert s.masking.mask_prob == 0.15 and s.masking.mask_special_tokens   # App. B, App. D (RoBERTa)
+    assert s.scl_temperature == 1.0  # Sec. 3.3 and App. B
+    assert s.copy_weight == 50.0  # lambda_copy, App. B
+    assert s.crop_fraction == 0.9  # App. B: 10% crop ratio
+    assert s.masking.mask_prob == 0.15 and s.masking.mask_special_tokens  # App. B, App. D (RoBERTa)
     assert (s.lm, s.copy_loss, s.copy_mechanism, s.stop_gradient, s.scl) == ("masked", True, True, True, True)
-    assert s.auxiliary == "shallow" and s.sample_without_dropout                          # Sec. 3.3, App. D
+    assert s.auxiliary == "shallow" and s.sample_without_dropout  # Sec. 3.3, App. D
     params = load_params(ROOT / "params.yaml")
-    for preset, layers in (("base", 4), ("base_pp", 4), ("large_pp", 6)):              # Sec. 4
+    for preset, layers in (("base", 4), ("base_pp", 4), ("large_pp", 6)):  # Sec. 4
         aux = params.presets[preset].generators.cocolm
         assert aux.layers == layers and aux.hidden is None and aux.heads is None and aux.ffn is None
 
@@ -439,6 +454,7 @@ def test_settings_defaults_follow_the_paper():
 # ------------------------------------------------------------------------------------------------
 # 4. crop
 # ------------------------------------------------------------------------------------------------
+
 
 def _rows(lengths: list[int], T: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Distinct token ids (so a span can be located), [CLS] first, [PAD] after each row's length."""
@@ -453,7 +469,7 @@ def _rows(lengths: list[int], T: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("fraction", [0.7, 0.8, 0.9, 1.0])
 def test_crop_is_cls_plus_contiguous_span_of_the_real_tokens(fraction):
-    lengths = [41, 21, 12, 2]                     # content (after [CLS]) 40, 20, 11, 1: no .5 ties
+    lengths = [41, 21, 12, 2]  # content (after [CLS]) 40, 20, 11, 1: no .5 ties
     ids, mask = _rows(lengths, 41)
     torch.manual_seed(0)
     for _ in range(20):
@@ -463,11 +479,11 @@ def test_crop_is_cls_plus_contiguous_span_of_the_real_tokens(fraction):
         for r, (n, k) in enumerate(zip(lengths, keeps)):
             assert out[r, 0] == CLS_ID and out_mask[r, 0]
             assert out_mask[r].tolist() == [True] * (k + 1) + [False] * (out.shape[1] - k - 1)
-            assert (out[r, k + 1:] == PAD_ID).all()
-            span = out[r, 1:k + 1]
+            assert (out[r, k + 1 :] == PAD_ID).all()
+            span = out[r, 1 : k + 1]
             start = int((ids[r] == span[0]).nonzero())
-            assert 1 <= start and start + k <= n          # inside the real tokens after [CLS]
-            assert torch.equal(span, ids[r, start:start + k])
+            assert 1 <= start and start + k <= n  # inside the real tokens after [CLS]
+            assert torch.equal(span, ids[r, start : start + k])
 
 
 def test_crop_fraction_one_is_the_original_sequence():
@@ -480,7 +496,7 @@ def test_crop_fraction_one_is_the_original_sequence():
 
 
 def test_crop_start_is_random_and_covers_the_valid_range():
-    ids, mask = _rows([41, 21], 41)               # 40 content tokens keep 36: starts 1..5; 20 keep 18: 1..3
+    ids, mask = _rows([41, 21], 41)  # 40 content tokens keep 36: starts 1..5; 20 keep 18: 1..3
     torch.manual_seed(0)
     starts = [[], []]
     for _ in range(500):
@@ -490,19 +506,24 @@ def test_crop_start_is_random_and_covers_the_valid_range():
     for r, valid in enumerate((range(1, 6), range(1, 4))):
         counts = {v: starts[r].count(v) for v in valid}
         assert set(starts[r]) == set(valid)
-        assert min(counts.values()) > 0.6 * 500 / len(valid)      # roughly uniform
+        assert min(counts.values()) > 0.6 * 500 / len(valid)  # roughly uniform
 
 
 # ------------------------------------------------------------------------------------------------
 # 5. Sampling in inference mode (App. D)
 # ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("without_dropout", [True, False])
 def test_replacements_sampled_with_the_auxiliary_in_the_right_mode(without_dropout):
-    model = build(seed=6, model=shallow_model(dropout=0.5, attention_dropout=0.5), scl=False,
-                  sample_without_dropout=without_dropout)
+    model = build(
+        seed=6,
+        model=shallow_model(dropout=0.5, attention_dropout=0.5),
+        scl=False,
+        sample_without_dropout=without_dropout,
+    )
     with torch.no_grad():
-        model.tokens.weight.mul_(30)             # peaked auxiliary logits: dropout moves the samples
+        model.tokens.weight.mul_(30)  # peaked auxiliary logits: dropout moves the samples
     batch = make_batch(batch_size=8, length=32, mask_prob=0.5, seed=3)
     model.train()
     with recording(model.auxiliary) as aux_calls, recording(model.main) as main_calls:
@@ -510,7 +531,7 @@ def test_replacements_sampled_with_the_auxiliary_in_the_right_mode(without_dropo
         out = model(batch)
     x_mlm = main_calls[0]["args"][0]
     assert [c["training"] for c in aux_calls] == ([True, False] if without_dropout else [True])
-    assert all(m.training for m in model.auxiliary.modules())      # training mode restored
+    assert all(m.training for m in model.auxiliary.modules())  # training mode restored
 
     # The same RNG stream, by hand: the training forward (same dropout draws), then the sample.
     torch.manual_seed(11)
@@ -520,12 +541,12 @@ def test_replacements_sampled_with_the_auxiliary_in_the_right_mode(without_dropo
         eval_logits = model.auxiliary(batch)
     model.auxiliary.train()
     assert torch.equal(train_logits, aux_calls[0]["out"])
-    assert (train_logits - eval_logits).abs().max() > 1.0         # dropout really was on
+    assert (train_logits - eval_logits).abs().max() > 1.0  # dropout really was on
     state = torch.get_rng_state()
     from_eval = sample(eval_logits)
     torch.set_rng_state(state)
     from_train = sample(train_logits)
-    assert (from_eval != from_train).sum() >= 5                     # the two modes are distinguishable
+    assert (from_eval != from_train).sum() >= 5  # the two modes are distinguishable
     placed = x_mlm[batch.mlm_mask]
     assert torch.equal(placed, from_eval if without_dropout else from_train)
 
@@ -548,6 +569,7 @@ def test_eval_mode_objective_samples_once_in_eval_mode():
 # 6. Random replacements
 # ------------------------------------------------------------------------------------------------
 
+
 def test_random_replacements_are_uniform_over_non_special_ids():
     model = build(seed=7, auxiliary="random", scl=False)
     assert model.auxiliary is None and model.auxiliary_state() is None
@@ -555,8 +577,9 @@ def test_random_replacements_are_uniform_over_non_special_ids():
     batch = make_batch(batch_size=16, length=64, mask_prob=0.5, seed=4)
     out = model(batch)
     assert "aux_loss" not in out.metrics
-    assert out.loss.item() == pytest.approx(50 * float(out.metrics["copy_loss"]) + float(out.metrics["lm_loss"]),
-                                            rel=1e-6)
+    assert out.loss.item() == pytest.approx(
+        50 * float(out.metrics["copy_loss"]) + float(out.metrics["lm_loss"]), rel=1e-6
+    )
     torch.manual_seed(8)
     drawn = []
     for _ in range(40):
@@ -571,12 +594,13 @@ def test_random_replacements_are_uniform_over_non_special_ids():
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     dof = VOCAB - 6
     assert len(drawn) > 15_000 and (counts > 0).all()
-    assert chi2 < dof + 6 * math.sqrt(2 * dof)                 # fixed seed: deterministic, generous
+    assert chi2 < dof + 6 * math.sqrt(2 * dof)  # fixed seed: deterministic, generous
 
 
 # ------------------------------------------------------------------------------------------------
 # 7. Converged auxiliary
 # ------------------------------------------------------------------------------------------------
+
 
 def test_converged_auxiliary_is_loaded_frozen_and_separate(tmp_path):
     donor = build(seed=1)
@@ -604,7 +628,7 @@ def test_converged_auxiliary_is_loaded_frozen_and_separate(tmp_path):
     for _ in range(3):
         with recording(aux) as aux_calls:
             out = model(batch)
-        assert [c["training"] for c in aux_calls] == [False]       # sampled in inference mode
+        assert [c["training"] for c in aux_calls] == [False]  # sampled in inference mode
         opt.zero_grad()
         out.loss.backward()
         assert all(p.grad is None for p in aux.parameters())
@@ -634,12 +658,17 @@ def test_converged_auxiliary_checkpoint_errors_name_the_path(tmp_path):
 # 8. Shared embeddings and heads (App. B, App. D)
 # ------------------------------------------------------------------------------------------------
 
+
 def test_token_embeddings_are_one_shared_parameter():
     torch.manual_seed(0)
     model = CocoLM(tiny_model(), tiny_generators(), VOCAB, Settings())
     table = model.tokens.weight
-    for module in (model.auxiliary.encoder.embeddings.tokens, model.auxiliary.head.tokens,
-                   model.main.embeddings.tokens, model.clm_head.tokens):
+    for module in (
+        model.auxiliary.encoder.embeddings.tokens,
+        model.auxiliary.head.tokens,
+        model.main.embeddings.tokens,
+        model.clm_head.tokens,
+    ):
         assert module.weight is table
     assert sum(p.shape == table.shape for p in model.parameters()) == 1
     # Both networks' losses train it.
@@ -670,6 +699,7 @@ def test_auxiliary_head_has_projection_and_clm_head_does_not():
 # 9. Architecture ablations and diagnostics (Fig. 7a, Fig. 8)
 # ------------------------------------------------------------------------------------------------
 
+
 def test_auxiliary_sizes_shallow_and_electra():
     torch.manual_seed(0)
     main_cfg, gens = tiny_model(), tiny_generators()
@@ -679,7 +709,7 @@ def test_auxiliary_sizes_shallow_and_electra():
     electra = CocoLM(main_cfg, gens, VOCAB, settings(auxiliary="electra"))
     cfg = electra.auxiliary.encoder.cfg
     assert len(electra.auxiliary.encoder.layers) == 12
-    assert (cfg.hidden, cfg.heads, cfg.ffn) == (16, 1, 32)                # tiny_generators().electra
+    assert (cfg.hidden, cfg.heads, cfg.ffn) == (16, 1, 32)  # tiny_generators().electra
     assert electra.auxiliary.encoder.embeddings.project.in_features == 32  # shared 32-d table
     assert electra.auxiliary.head.transform[0].in_features == 16
     assert electra.auxiliary.head.tokens is electra.tokens
@@ -717,12 +747,13 @@ def test_diagnostics_match_independent_computation():
     assert float(m["clm_acc_replaced"]) == pytest.approx(float((p.argmax(-1) == orig[replaced]).double().mean()))
 
 
-@pytest.mark.parametrize("copy_bias, expected", [
-    (+50.0, {"copy_acc_replaced": 0.0, "copy_acc_original": 1.0, "clm_acc_replaced": 0.0,
-             "clm_acc_original": 1.0}),
-    (-50.0, {"copy_acc_replaced": 1.0, "copy_acc_original": 0.0, "clm_acc_replaced": 0.0,
-             "clm_acc_original": 0.0}),
-])
+@pytest.mark.parametrize(
+    "copy_bias, expected",
+    [
+        (+50.0, {"copy_acc_replaced": 0.0, "copy_acc_original": 1.0, "clm_acc_replaced": 0.0, "clm_acc_original": 1.0}),
+        (-50.0, {"copy_acc_replaced": 1.0, "copy_acc_original": 0.0, "clm_acc_replaced": 0.0, "clm_acc_original": 0.0}),
+    ],
+)
 def test_diagnostics_known_answers(copy_bias, expected):
     """p_copy ~ 1: the CLM copies its input (right on original tokens, wrong on replaced ones).
     p_copy ~ 0 and a softmax that always says [MASK] (never an original token): all CLM answers wrong."""
@@ -748,8 +779,8 @@ def test_scl_diagnostics_in_forward():
     assert x_crop[0, 0] == CLS_ID and int(crop_mask[0].sum()) == 1 + round(0.9 * 23)
     k = int(crop_mask[0].sum()) - 1
     row = batch.input_ids[0].tolist()
-    span = x_crop[0, 1:k + 1].tolist()
-    assert any(row[i:i + k] == span for i in range(1, 24 - k + 1))
+    span = x_crop[0, 1 : k + 1].tolist()
+    assert any(row[i : i + k] == span for i in range(1, 24 - k + 1))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -792,7 +823,7 @@ def _train(values: dict, encoder: dict, steps: int = 6) -> tuple[float, float, l
     batch = make_batch(batch_size=4, length=24, pad_last=4, seed=8)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
 
-    def fixed_seed_loss() -> float:   # same dropout, samples and crops before and after
+    def fixed_seed_loss() -> float:  # same dropout, samples and crops before and after
         torch.manual_seed(1234)
         with torch.no_grad():
             return float(model(batch).loss)
@@ -818,12 +849,13 @@ def test_every_ablation_lowers_its_loss_and_is_reproducible(row, converged_check
     assert all(math.isfinite(v) for v in losses)
     assert after < before - 0.01 * abs(before), (row, before, after)
     again = _train(values, encoder)
-    assert again == (before, after, losses)                 # same seed, same numbers
+    assert again == (before, after, losses)  # same seed, same numbers
 
 
 # ------------------------------------------------------------------------------------------------
 # 11. Settings validation
 # ------------------------------------------------------------------------------------------------
+
 
 def test_settings_validation_names_the_key():
     with pytest.raises(ConfigError, match=r"methods\.cocolm\.auxiliary_checkpoint"):

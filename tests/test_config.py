@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from electralab.config import MaskingConfig, build, load_params, parse_params
 from electralab.errors import ConfigError
-from conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def with_change(raw: dict, dotted: str, value) -> dict:
     *path, last = dotted.split(".")
     node = out
     for key in path:
-        node = node.setdefault(key, {})   # a key the preset leaves to the code default
+        node = node.setdefault(key, {})  # a key the preset leaves to the code default
     node[last] = value
     return out
 
@@ -39,27 +39,42 @@ def test_params_yaml_loads_every_preset():
     assert params.presets["base_pp"].vocab.size == 64000 and not params.presets["base_pp"].corpus.uncased
 
 
-@pytest.mark.parametrize("dotted, value, expected", [
-    ("presets.tiny.shards.seq_len", 8, "presets.tiny.shards.seq_len=8 is out of range: allowed [16, 8192]"),
-    ("presets.tiny.shards.seq_len", 100000, "presets.tiny.shards.seq_len=100000 is out of range"),
-    ("presets.tiny.shards.seq_len", "long", "presets.tiny.shards.seq_len: expected an integer, got 'long'"),
-    ("presets.tiny.shards.validation_fraction", 0.9, "presets.tiny.shards.validation_fraction=0.9 is out of range"),
-    ("presets.tiny.shards.workers", 0, "presets.tiny.shards.workers=0 is out of range"),
-    ("presets.tiny.vocab.size", 10, "presets.tiny.vocab.size=10 is out of range: allowed [64, 1000000]"),
-    ("presets.tiny.vocab.input_sentence_size", 5, "presets.tiny.vocab.input_sentence_size=5 is out of range"),
-    ("presets.tiny.vocab.model_type", "wordpiece", "presets.tiny.vocab.model_type: 'wordpiece' is not allowed"),
-    ("presets.tiny.corpus.max_documents", 0, "presets.tiny.corpus.max_documents=0 is out of range"),
-    ("presets.tiny.corpus.mirror", [{"file": "x.txt", "format": "csv"}],
-     "presets.tiny.corpus.mirror[0].format: 'csv' is not allowed; choose one of ['paragraphs', 'wikitext']"),
-    ("presets.tiny.corpus.sources", [], "presets.tiny.corpus: unknown key 'sources'"),
-    ("presets.tiny.shards.static_masking.duplication", -1,
-     "presets.tiny.shards.static_masking.duplication=-1 is out of range"),
-    ("presets.tiny.pretrain.adam_betas", [1.5, 2.0],
-     "presets.tiny.pretrain.adam_betas=[1.5, 2.0]: betas must be in [0, 1)"),
-    ("presets.tiny.pretrain.checkpoint_fractions", [1.5, -1],
-     "presets.tiny.pretrain.checkpoint_fractions=[1.5, -1.0]: fractions of training must be in (0, 1]"),
-    ("presets.tiny.pretrain.checkpoint_fractions", [0.5, 0.5], "checkpoint_fractions=[0.5, 0.5] repeats a value"),
-])
+@pytest.mark.parametrize(
+    "dotted, value, expected",
+    [
+        ("presets.tiny.shards.seq_len", 8, "presets.tiny.shards.seq_len=8 is out of range: allowed [16, 8192]"),
+        ("presets.tiny.shards.seq_len", 100000, "presets.tiny.shards.seq_len=100000 is out of range"),
+        ("presets.tiny.shards.seq_len", "long", "presets.tiny.shards.seq_len: expected an integer, got 'long'"),
+        ("presets.tiny.shards.validation_fraction", 0.9, "presets.tiny.shards.validation_fraction=0.9 is out of range"),
+        ("presets.tiny.shards.workers", 0, "presets.tiny.shards.workers=0 is out of range"),
+        ("presets.tiny.vocab.size", 10, "presets.tiny.vocab.size=10 is out of range: allowed [64, 1000000]"),
+        ("presets.tiny.vocab.input_sentence_size", 5, "presets.tiny.vocab.input_sentence_size=5 is out of range"),
+        ("presets.tiny.vocab.model_type", "wordpiece", "presets.tiny.vocab.model_type: 'wordpiece' is not allowed"),
+        ("presets.tiny.corpus.max_documents", 0, "presets.tiny.corpus.max_documents=0 is out of range"),
+        (
+            "presets.tiny.corpus.mirror",
+            [{"file": "x.txt", "format": "csv"}],
+            "presets.tiny.corpus.mirror[0].format: 'csv' is not allowed; choose one of ['paragraphs', 'wikitext']",
+        ),
+        ("presets.tiny.corpus.sources", [], "presets.tiny.corpus: unknown key 'sources'"),
+        (
+            "presets.tiny.shards.static_masking.duplication",
+            -1,
+            "presets.tiny.shards.static_masking.duplication=-1 is out of range",
+        ),
+        (
+            "presets.tiny.pretrain.adam_betas",
+            [1.5, 2.0],
+            "presets.tiny.pretrain.adam_betas=[1.5, 2.0]: betas must be in [0, 1)",
+        ),
+        (
+            "presets.tiny.pretrain.checkpoint_fractions",
+            [1.5, -1],
+            "presets.tiny.pretrain.checkpoint_fractions=[1.5, -1.0]: fractions of training must be in (0, 1]",
+        ),
+        ("presets.tiny.pretrain.checkpoint_fractions", [0.5, 0.5], "checkpoint_fractions=[0.5, 0.5] repeats a value"),
+    ],
+)
 def test_bad_data_settings_name_key_and_value(raw, dotted, value, expected):
     with pytest.raises(ConfigError) as e:
         parse_params(with_change(raw, dotted, value))
@@ -67,7 +82,9 @@ def test_bad_data_settings_name_key_and_value(raw, dotted, value, expected):
 
 
 def test_seq_len_beyond_model_positions(raw):
-    with pytest.raises(ConfigError, match=r"presets.tiny.shards.seq_len=1024 exceeds presets.tiny.model.max_positions=512"):
+    with pytest.raises(
+        ConfigError, match=r"presets.tiny.shards.seq_len=1024 exceeds presets.tiny.model.max_positions=512"
+    ):
         parse_params(with_change(raw, "presets.tiny.shards.seq_len", 1024))
 
 
@@ -88,7 +105,7 @@ def test_a_runs_budget_picks_its_schedule_and_every_table_compares_at_one_budget
     assert runs["cocolm"].pretrain == tiny.pretrain
     assert runs["cocolm_ablation"].pretrain.steps == ablation["steps"] < tiny.pretrain.steps
     assert runs["cocolm_rtd_only"].pretrain == runs["cocolm_ablation"].pretrain
-    guard = runs["cocolm_ablation"].pretrain.guard   # nested overrides merge key by key
+    guard = runs["cocolm_ablation"].pretrain.guard  # nested overrides merge key by key
     assert guard.every == ablation["guard"]["every"] and guard.batches == tiny.pretrain.guard.batches
     for key, spec in TABLES.items():
         budgets = {runs[r].spec.budget for r in spec.runs() if r != CONTROL_RUN}
@@ -103,19 +120,22 @@ def test_a_runs_budget_picks_its_schedule_and_every_table_compares_at_one_budget
 @pytest.mark.parametrize("section, key", [("pretrain", "steps"), ("vocab", "size"), ("model", "layers")])
 def test_a_preset_without_a_scale_key_is_refused_not_given_the_base_default(raw, section, key):
     broken = copy.deepcopy(raw)
-    del broken["presets"]["small"][section][key]     # not the active preset: every preset is checked
+    del broken["presets"]["small"][section][key]  # not the active preset: every preset is checked
     with pytest.raises(ConfigError, match=rf"presets\.small\.{section}\.{key}: missing; every preset sets it"):
         parse_params(broken)
 
 
 def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
     lines = (ROOT / "params.yaml").read_text(encoding="utf-8").splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("      steps: "))   # the tiny preset's
+    at = next(i for i, line in enumerate(lines) if line.startswith("      steps: "))  # the tiny preset's
     lines.insert(at + 1, "      steps: 7   # pasted twice")
     path = tmp_path / "params.yaml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match=rf"params\.yaml: key 'steps' appears twice in one mapping "
-                                          rf"\(lines {at + 1} and {at + 2}\); keep one"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"params\.yaml: key 'steps' appears twice in one mapping "
+        rf"\(lines {at + 1} and {at + 2}\); keep one",
+    ):
         load_params(path)
 
 
@@ -125,8 +145,11 @@ def test_runs_that_read_each_other_are_a_cycle_not_a_recursion(raw):
     looped = copy.deepcopy(raw)
     looped["runs"]["mlm"]["reads"] = "models/electra"
     looped["runs"]["electra"]["reads"] = "models/mlm/encoder"
-    with pytest.raises(ConfigError, match=r"runs\.mlm\.reads: the runs read each other's output in a cycle "
-                                          r"\(mlm -> electra -> mlm\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"runs\.mlm\.reads: the runs read each other's output in a cycle "
+        r"\(mlm -> electra -> mlm\)",
+    ):
         resolve_all(parse_params(looped))
 
 
@@ -134,21 +157,32 @@ def test_each_methods_masking_default_is_its_papers_and_params_yaml_departs_from
     # docs/methods.md "Masking": ELECTRA's release and TEAMS (BERT's data pipeline) never mask [CLS]/[SEP];
     # RoBERTa-style MLM, COCO-LM (App. D) and AMOS (the same fairseq code) do.
     from electralab.objectives import method_settings
-    expected = {"mlm": (0.8, 0.1, True), "electra": (0.85, 0.0, False), "cocolm": (0.8, 0.1, True),
-                "amos": (0.8, 0.1, True), "teams": (0.8, 0.1, False)}
+
+    expected = {
+        "mlm": (0.8, 0.1, True),
+        "electra": (0.85, 0.0, False),
+        "cocolm": (0.8, 0.1, True),
+        "amos": (0.8, 0.1, True),
+        "teams": (0.8, 0.1, False),
+    }
     params = load_params(ROOT / "params.yaml")
     for method, (mask_token, random_token, specials) in expected.items():
         masking = method_settings(method, {}).masking
-        assert (masking.mask_prob, masking.mask_token_prob, masking.random_token_prob,
-                masking.mask_special_tokens) == (0.15, mask_token, random_token, specials), method
+        assert (masking.mask_prob, masking.mask_token_prob, masking.random_token_prob, masking.mask_special_tokens) == (
+            0.15,
+            mask_token,
+            random_token,
+            specials,
+        ), method
         assert params.methods[method] == {}, f"methods.{method}: params.yaml departs from the paper"
 
 
 def test_config_module_prints_a_resolved_preset(capsys):
     from electralab.config import main
+
     main(["small", "--params", str(ROOT / "params.yaml")])
     printed = yaml.safe_load(capsys.readouterr().out)["small"]
-    assert printed["pretrain"]["precision"] == "auto"                    # a code default, not in params.yaml
-    assert printed["finetune"]["grids"]["glue_small"]["lr"] == [1.0e-4, 3.0e-4]   # the preset's own
+    assert printed["pretrain"]["precision"] == "auto"  # a code default, not in params.yaml
+    assert printed["finetune"]["grids"]["glue_small"]["lr"] == [1.0e-4, 3.0e-4]  # the preset's own
     with pytest.raises(SystemExit, match="no preset 'nope'"):
         main(["nope", "--params", str(ROOT / "params.yaml")])

@@ -11,11 +11,9 @@ import re
 import subprocess
 
 import pytest
-
+from conftest import mirror_root
 from ops_helpers import make_project
 from project_helpers import BIN, env_for
-
-from conftest import mirror_root
 
 # The budget: the lines of a pretrain + finetune run (MINI sizes) that are not progress lines. Measured: 21 (DVC's
 # "Running stage" / command / lock-file lines, each stage's summary, DVC's closing hints).
@@ -40,23 +38,34 @@ def mlflow_client(db):
 def test_a_stage_log_off_a_terminal_shows_progress_within_a_noise_budget_and_the_threads_are_set(tmp_path):
     project = make_project(tmp_path / "project")
     db = tmp_path / "mlflow.db"
-    env = {**env_for(project, mirror_root()), "MLFLOW_TRACKING_URI": f"sqlite:///{db}",
-           "ELECTRALAB_PROGRESS_EVERY": "0.1", "ELECTRALAB_THREADS": "2"}   # MINI pretraining takes ~1 s
+    env = {
+        **env_for(project, mirror_root()),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{db}",
+        "ELECTRALAB_PROGRESS_EVERY": "0.1",
+        "ELECTRALAB_THREADS": "2",
+    }  # MINI pretraining takes ~1 s
     env.pop("ELECTRALAB_VERBOSE", None)
     subprocess.run([str(BIN / "dvc"), "repro", "shards"], cwd=project, env=env, capture_output=True, check=True)
-    proc = subprocess.run([str(BIN / "dvc"), "repro", "pretrain@mlm", "finetune@mlm"], cwd=project, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)   # not a TTY
+    proc = subprocess.run(
+        [str(BIN / "dvc"), "repro", "pretrain@mlm", "finetune@mlm"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
+    )  # not a TTY
     output = proc.stdout
     assert proc.returncode == 0, output[-3000:]
 
-    assert "\r" not in output   # no bar redrawn with carriage returns in a log
+    assert "\r" not in output  # no bar redrawn with carriage returns in a log
     noise = [line for line in output.splitlines() if LIBRARY_NOISE.search(line)]
     assert not noise, noise
     progress = re.compile(r"^(pretrain|finetune) mlm: +\d+% \d+/\d+ \[")
     for stage, what in (("pretrain@mlm", "pretrain mlm"), ("finetune@mlm", "finetune mlm")):
         lines = stage_lines(output, stage)
         summary = next(i for i, line in enumerate(lines) if line.startswith(f"{what}: ") and not progress.match(line))
-        assert any(progress.match(line) for line in lines[:summary]), lines   # something between start and summary
+        assert any(progress.match(line) for line in lines[:summary]), lines  # something between start and summary
     # The fine-tuning count is right from its first line: the extras (MNLI on the checkpoints, few-shot) included.
     totals = {m.group(1) for m in re.finditer(r"^finetune mlm: +\d+% \d+/(\d+) \[", output, re.M)}
     assert len(totals) == 1, totals
@@ -74,10 +83,16 @@ def test_a_stage_log_off_a_terminal_shows_progress_within_a_noise_budget_and_the
     # Verbose: the libraries' INFO lines come back. On one CPU (affinity) and no override: one thread.
     quiet_env = {k: v for k, v in env.items() if k not in ("ELECTRALAB_THREADS", "OMP_NUM_THREADS")}
     cpu = min(os.sched_getaffinity(0))
-    verbose = subprocess.run([str(BIN / "dvc"), "repro", "-f", "--single-item", "pretrain@mlm"], cwd=project,
-                             env={**quiet_env, "ELECTRALAB_VERBOSE": "1"}, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, timeout=900,
-                             preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    verbose = subprocess.run(
+        [str(BIN / "dvc"), "repro", "-f", "--single-item", "pretrain@mlm"],
+        cwd=project,
+        env={**quiet_env, "ELECTRALAB_VERBOSE": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    )
     assert verbose.returncode == 0, verbose.stdout[-3000:]
     assert re.search(r"INFO mlflow\.system_metrics", verbose.stdout), verbose.stdout[-3000:]
     latest = client.search_runs([experiment], "tags.stage = 'pretrain'", order_by=["attributes.start_time DESC"])[0]

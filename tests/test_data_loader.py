@@ -13,9 +13,9 @@ import torch
 from electralab import MASK_ID, PAD_ID
 from electralab.batch import Batch
 from electralab.config import MaskingConfig
-from electralab.errors import DataError
 from electralab.data.loader import PretrainLoader
 from electralab.data.masking import eligible_positions
+from electralab.errors import DataError
 
 B = 64
 
@@ -25,8 +25,11 @@ def take(loader, n):
 
 
 def same(a: list[Batch], b: list[Batch]) -> bool:
-    return len(a) == len(b) and all(torch.equal(getattr(x, f), getattr(y, f)) for x, y in zip(a, b)
-                                    for f in ("input_ids", "attention_mask", "masked_ids", "mlm_mask"))
+    return len(a) == len(b) and all(
+        torch.equal(getattr(x, f), getattr(y, f))
+        for x, y in zip(a, b)
+        for f in ("input_ids", "attention_mask", "masked_ids", "mlm_mask")
+    )
 
 
 def block_rows(loader) -> dict[bytes, int]:
@@ -54,11 +57,13 @@ def test_deterministic_order_per_seed_and_epoch(shards_dir):
     assert not same(first[:3], take(PretrainLoader(shards_dir, "train", B, seed=2), 3))
     # Each epoch is a permutation: no block twice within an epoch, and epochs differ in order.
     rows = block_rows(a)
-    epochs = [[rows[bytes(r.numpy().astype(np.uint16))] for b in first[e * n:(e + 1) * n] for r in b.input_ids]
-              for e in range(2)]
+    epochs = [
+        [rows[bytes(r.numpy().astype(np.uint16))] for b in first[e * n : (e + 1) * n] for r in b.input_ids]
+        for e in range(2)
+    ]
     assert len(set(epochs[0])) == len(epochs[0]) == n * B
     assert epochs[0] != epochs[1]
-    assert (a.epoch, a.position) == (1, n * B)       # state points after the last batch handed out
+    assert (a.epoch, a.position) == (1, n * B)  # state points after the last batch handed out
 
 
 def test_rank_split_is_disjoint_and_even(shards_dir):
@@ -96,7 +101,7 @@ def test_exact_resume(shards_dir, where):
 
     resumed = PretrainLoader(shards_dir, "train", B, seed=3)
     resumed.load_state_dict(state)
-    assert same(take(resumed, 6), uninterrupted[stop:])            # bit-identical, masks included
+    assert same(take(resumed, 6), uninterrupted[stop:])  # bit-identical, masks included
     # At sample granularity: another micro-batch size continues from the same sample.
     other = PretrainLoader(shards_dir, "train", B // 2, seed=3)
     other.load_state_dict(state)
@@ -114,8 +119,9 @@ def test_resume_refuses_other_settings(shards_dir):
 
 def masked_share(batches, masking: MaskingConfig) -> float:
     selected = sum(b.mlm_mask.sum().item() for b in batches)
-    eligible = sum(eligible_positions(b.input_ids, b.attention_mask, masking.mask_special_tokens).sum().item()
-                   for b in batches)
+    eligible = sum(
+        eligible_positions(b.input_ids, b.attention_mask, masking.mask_special_tokens).sum().item() for b in batches
+    )
     return selected / eligible
 
 
@@ -130,10 +136,12 @@ def test_dynamic_and_static_masking_rates(shards_dir, static_shards_dir):
     # round(0.15 * 64) = 10 of 64 eligible positions in a full block: 15.6%, the same rule for both.
     assert abs(masked_share(epochs, masking) - 10 / 64) < 0.001
     assert abs(masked_share(s_epochs, masking) - 10 / 64) < 0.001
+
     # Static: epoch e uses copy e mod 2, so epochs 0 and 2 mask each block the same way, 0 and 1 not.
     def masks_by_block(batches):
         return {bytes(r.numpy().astype(np.uint16)): m for b in batches for r, m in zip(b.input_ids, b.mlm_mask)}
-    e0, e1, e2 = (masks_by_block(s_epochs[i * n:(i + 1) * n]) for i in range(3))
+
+    e0, e1, e2 = (masks_by_block(s_epochs[i * n : (i + 1) * n]) for i in range(3))
     common = e0.keys() & e2.keys()
     assert len(common) > 10 and all(torch.equal(e0[k], e2[k]) for k in common)
     common01 = e0.keys() & e1.keys()
@@ -145,9 +153,9 @@ def test_dynamic_and_static_masking_rates(shards_dir, static_shards_dir):
 
 def test_validation_pass(shards_dir):
     full = list(PretrainLoader(shards_dir, "validation", B, seed=1))
-    assert same(full, list(PretrainLoader(shards_dir, "validation", B, seed=1)))      # the same every time
+    assert same(full, list(PretrainLoader(shards_dir, "validation", B, seed=1)))  # the same every time
     n_blocks = sum(b.input_ids.shape[0] for b in full)
-    assert n_blocks == PretrainLoader(shards_dir, "validation", B).num_blocks           # every block once
+    assert n_blocks == PretrainLoader(shards_dir, "validation", B).num_blocks  # every block once
     halves = [list(PretrainLoader(shards_dir, "validation", B, seed=1, rank=r, world_size=2)) for r in range(2)]
     assert sum(b.input_ids.shape[0] for h in halves for b in h) == n_blocks
 
@@ -161,8 +169,8 @@ def test_corrupt_shard_stops_the_loader(tmp_path, shards_dir):
     target.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"train-00000.bin: sha256 .* does not match the manifest"):
         PretrainLoader(broken, "train", B)
-    PretrainLoader(broken, "validation", B)             # only the opened split is checked
-    PretrainLoader(broken, "train", B, verify=False)    # sizes only
+    PretrainLoader(broken, "validation", B)  # only the opened split is checked
+    PretrainLoader(broken, "train", B, verify=False)  # sizes only
 
 
 def test_bad_arguments(shards_dir, tmp_path):

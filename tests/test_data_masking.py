@@ -28,9 +28,9 @@ def test_exact_count_per_row_and_never_pad():
     ids, am = batch()
     masked, mlm = mask_tokens(ids, am, MaskingConfig(), V, torch.Generator().manual_seed(1))
     n = am.sum(1)
-    assert torch.equal(mlm.sum(1), torch.floor(0.15 * n + 0.5).long().clamp(min=1))   # round(p * n) each row
-    assert not (mlm & ~am).any()                                                       # never [PAD]
-    assert torch.equal(masked[~mlm], ids[~mlm])                                        # others untouched
+    assert torch.equal(mlm.sum(1), torch.floor(0.15 * n + 0.5).long().clamp(min=1))  # round(p * n) each row
+    assert not (mlm & ~am).any()  # never [PAD]
+    assert torch.equal(masked[~mlm], ids[~mlm])  # others untouched
     assert masked.dtype == torch.long and mlm.dtype == torch.bool
 
 
@@ -40,10 +40,10 @@ def test_special_tokens_only_when_asked():
     _, bert = mask_tokens(ids, am, MaskingConfig(mask_special_tokens=False), V, torch.Generator().manual_seed(1))
     assert not (bert & special).any()
     _, roberta = mask_tokens(ids, am, MaskingConfig(mask_special_tokens=True), V, torch.Generator().manual_seed(1))
-    assert (roberta & special).any()                       # RoBERTa / COCO-LM App. D: specials can be masked
+    assert (roberta & special).any()  # RoBERTa / COCO-LM App. D: specials can be masked
 
 
-@pytest.mark.parametrize("mask_p, random_p", [(0.8, 0.1), (0.85, 0.0)])   # BERT/RoBERTa, ELECTRA
+@pytest.mark.parametrize("mask_p, random_p", [(0.8, 0.1), (0.85, 0.0)])  # BERT/RoBERTa, ELECTRA
 def test_replacement_scheme(mask_p, random_p):
     ids, am = batch(B=512)
     cfg = MaskingConfig(mask_token_prob=mask_p, random_token_prob=random_p, mask_special_tokens=False)
@@ -52,14 +52,14 @@ def test_replacement_scheme(mask_p, random_p):
     as_mask = (masked[mlm] == MASK_ID).float().sum().item() / selected
     changed = ((masked != ids) & (masked != MASK_ID))[mlm].float().sum().item() / selected
     assert abs(as_mask - mask_p) < 0.02
-    assert abs(changed - random_p) < 0.015          # random tokens (a few equal the original by chance)
+    assert abs(changed - random_p) < 0.015  # random tokens (a few equal the original by chance)
     replaced = masked[mlm & (masked != MASK_ID) & (masked != ids)]
-    assert ((replaced >= 5) & (replaced < V)).all()   # random tokens are never special
+    assert ((replaced >= 5) & (replaced < V)).all()  # random tokens are never special
 
 
 def test_per_row_generators_make_rows_independent():
     ids, am = batch(B=8)
-    gens = lambda: [torch.Generator().manual_seed(100 + i) for i in range(8)]   # noqa: E731
+    gens = lambda: [torch.Generator().manual_seed(100 + i) for i in range(8)]  # noqa: E731
     full_ids, full_mask = mask_tokens(ids, am, MaskingConfig(), V, gens())
     part_ids, part_mask = mask_tokens(ids[3:5], am[3:5], MaskingConfig(), V, gens()[3:5])
     assert torch.equal(full_ids[3:5], part_ids) and torch.equal(full_mask[3:5], part_mask)

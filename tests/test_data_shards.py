@@ -8,22 +8,23 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import SHARDS, assert_no_output
 
 from electralab import CLS_ID, PAD_ID, SEP_ID
-from electralab.errors import DataError
 from electralab.data.corpus import iter_documents, read_corpus_manifest
-from electralab.data.shards import (build_shards, read_shards_manifest, token_dtype, validation_documents,
-                                    verify_shards)
+from electralab.data.shards import build_shards, read_shards_manifest, token_dtype, validation_documents, verify_shards
 from electralab.data.vocab import Tokenizer
+from electralab.errors import DataError
 from electralab.io import sha256_file
-from conftest import SHARDS, assert_no_output
 
 
 def read_split(shards_dir, split) -> np.ndarray:
     """(blocks, seq_len) of a split, all files in order."""
     m = read_shards_manifest(shards_dir)
-    parts = [np.fromfile(shards_dir / f["file"], np.dtype(m["dtype"])).reshape(-1, m["seq_len"])
-             for f in m["splits"][split]["files"]]
+    parts = [
+        np.fromfile(shards_dir / f["file"], np.dtype(m["dtype"])).reshape(-1, m["seq_len"])
+        for f in m["splits"][split]["files"]
+    ]
     return np.concatenate(parts) if parts else np.empty((0, m["seq_len"]), np.uint16)
 
 
@@ -42,16 +43,16 @@ def test_packing_invariants(shards_dir):
     assert m["seq_len"] == T and m["dtype"] == "uint16" and m["packing"] == "full-sentences"
     for split in ("train", "validation"):
         blocks = read_split(shards_dir, split)
-        assert blocks.shape == (m["splits"][split]["blocks"], T)     # every block exactly seq_len
-        assert (blocks[:, 0] == CLS_ID).all()                         # every block starts with [CLS]
+        assert blocks.shape == (m["splits"][split]["blocks"], T)  # every block exactly seq_len
+        assert (blocks[:, 0] == CLS_ID).all()  # every block starts with [CLS]
         last_real = (blocks != PAD_ID).sum(axis=1) - 1
-        assert (blocks[np.arange(len(blocks)), last_real] == SEP_ID).all()   # ... and ends with [SEP]
-        assert (blocks[:-1] != PAD_ID).all()                          # padding only in the last block
+        assert (blocks[np.arange(len(blocks)), last_real] == SEP_ID).all()  # ... and ends with [SEP]
+        assert (blocks[:-1] != PAD_ID).all()  # padding only in the last block
         pad = (blocks[-1] == PAD_ID).sum()
         assert pad == m["splits"][split]["padding"] < T - 2
-        assert (blocks[-1, T - pad:] == PAD_ID).all()                 # ... at its end
+        assert (blocks[-1, T - pad :] == PAD_ID).all()  # ... at its end
         assert m["splits"][split]["tokens"] == (blocks != PAD_ID).sum()
-    assert len(m["splits"]["train"]["files"]) > 1                     # blocks_per_shard rolled files over
+    assert len(m["splits"]["train"]["files"]) > 1  # blocks_per_shard rolled files over
     assert all(f["blocks"] <= SHARDS.blocks_per_shard for f in m["splits"]["train"]["files"])
 
 
@@ -61,8 +62,10 @@ def test_no_token_lost_or_duplicated(shards_dir, corpus_dir, vocab_dir):
     tok = Tokenizer(vocab_dir)
     docs = list(iter_documents(corpus_dir))
     val = set(validation_documents(len(docs), SHARDS.validation_fraction, SHARDS.seed).tolist())
-    for split, chosen in (("train", [d for i, d in enumerate(docs) if i not in val]),
-                          ("validation", [d for i, d in enumerate(docs) if i in val])):
+    for split, chosen in (
+        ("train", [d for i, d in enumerate(docs) if i not in val]),
+        ("validation", [d for i, d in enumerate(docs) if i in val]),
+    ):
         expected = np.concatenate([np.array(tok.encode(d) + [SEP_ID]) for d in chosen])
         assert np.array_equal(unpack(read_split(shards_dir, split)), expected), split
         assert read_shards_manifest(shards_dir)["splits"][split]["documents"] == len(chosen)
@@ -72,10 +75,10 @@ def test_validation_split_by_documents(corpus_dir):
     n = read_corpus_manifest(corpus_dir)["documents"]
     val = validation_documents(n, 0.1, seed=1)
     assert len(val) == round(0.1 * n) and len(set(val.tolist())) == len(val)
-    assert np.array_equal(val, validation_documents(n, 0.1, seed=1))              # deterministic
-    assert not np.array_equal(val, validation_documents(n, 0.1, seed=2))          # seeded
-    assert len(validation_documents(3, 0.01, seed=1)) == 1                         # at least one ...
-    assert len(validation_documents(2, 0.5, seed=1)) == 1                          # ... and one left to train
+    assert np.array_equal(val, validation_documents(n, 0.1, seed=1))  # deterministic
+    assert not np.array_equal(val, validation_documents(n, 0.1, seed=2))  # seeded
+    assert len(validation_documents(3, 0.01, seed=1)) == 1  # at least one ...
+    assert len(validation_documents(2, 0.5, seed=1)) == 1  # ... and one left to train
     assert len(validation_documents(100, 0.0, seed=1)) == 0
 
 
@@ -105,19 +108,27 @@ def test_static_masks(static_shards_dir):
     blocks = read_split(static_shards_dir, "train")
     copies = []
     for c in range(2):
-        ids = np.concatenate([np.fromfile(static_shards_dir / f["static"][c]["ids"], np.uint16)
-                              for f in m["splits"]["train"]["files"]]).reshape(blocks.shape)
-        mask = np.concatenate([np.fromfile(static_shards_dir / f["static"][c]["mask"], np.uint8)
-                               .reshape(-1, (blocks.shape[1] + 7) // 8) for f in m["splits"]["train"]["files"]])
+        ids = np.concatenate(
+            [np.fromfile(static_shards_dir / f["static"][c]["ids"], np.uint16) for f in m["splits"]["train"]["files"]]
+        ).reshape(blocks.shape)
+        mask = np.concatenate(
+            [
+                np.fromfile(static_shards_dir / f["static"][c]["mask"], np.uint8).reshape(
+                    -1, (blocks.shape[1] + 7) // 8
+                )
+                for f in m["splits"]["train"]["files"]
+            ]
+        )
         mask = np.unpackbits(mask, axis=1, count=blocks.shape[1]).astype(bool)
-        assert (ids[~mask] == blocks[~mask]).all()                   # unselected positions untouched
+        assert (ids[~mask] == blocks[~mask]).all()  # unselected positions untouched
         assert abs(mask.mean() - 0.15) < 0.01
         copies.append(mask)
-    assert (copies[0] != copies[1]).any()                            # two different maskings
+    assert (copies[0] != copies[1]).any()  # two different maskings
     verify_shards(static_shards_dir)
 
 
 # ---- bad input --------------------------------------------------------------------------------
+
 
 def test_corrupt_shard_is_named(tmp_path, shards_dir):
     broken = tmp_path / "shards"
@@ -128,7 +139,7 @@ def test_corrupt_shard_is_named(tmp_path, shards_dir):
     target.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"train-00001.bin: sha256 [0-9a-f]{64} does not match the manifest's"):
         verify_shards(broken)
-    verify_shards(broken, checksums=False)                           # sizes still fine
+    verify_shards(broken, checksums=False)  # sizes still fine
 
 
 def test_truncated_and_missing_shards(tmp_path, shards_dir):
@@ -171,6 +182,6 @@ def test_word_cache_matches_sentencepiece_after_resets(corpus_dir, vocab_dir):
     docs = list(iter_documents(corpus_dir))[:12]
     enc = WordCachedEncoder(tok.model_path, max_entries=50)
     expected = np.concatenate([np.array(tok.encode(d) + [SEP_ID]) for d in docs])
-    for _ in range(2):   # the second pass starts with a full cache and resets it
-        got = np.concatenate([enc.encode_documents(pa.array(docs[i:i + 3])) for i in range(0, len(docs), 3)])
+    for _ in range(2):  # the second pass starts with a full cache and resets it
+        got = np.concatenate([enc.encode_documents(pa.array(docs[i : i + 3])) for i in range(0, len(docs), 3)])
         assert np.array_equal(got, expected)

@@ -6,11 +6,11 @@ import json
 import sys
 
 import pytest
-
 from conftest import assert_no_output, mirror_root
 from project_helpers import BIN, copy_project, env_for, run, set_param, stage_args
 
 # ---- stage scripts: expected errors exit 2 with the key/value/file and no traceback -----------------
+
 
 def test_stage_rejects_out_of_range_seq_len(tmp_path):
     project = copy_project(tmp_path)
@@ -22,10 +22,13 @@ def test_stage_rejects_out_of_range_seq_len(tmp_path):
     assert_no_output(project / "data" / "shards")
 
 
-@pytest.mark.parametrize("data, message", [
-    ("empty-mirror", "empty-mirror/corpus: no such directory"),
-    ("no-such-dir", "ELECTRALAB_DATA='{}': no such directory"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ("empty-mirror", "empty-mirror/corpus: no such directory"),
+        ("no-such-dir", "ELECTRALAB_DATA='{}': no such directory"),
+    ],
+)
 def test_corpus_stage_bad_mirror(tmp_path, data, message):
     project = copy_project(tmp_path / "project")
     (tmp_path / "empty-mirror").mkdir()
@@ -41,11 +44,14 @@ def test_vocab_stage_without_corpus(tmp_path):
     project = copy_project(tmp_path)
     proc = run([sys.executable, *stage_args("vocab")], project, env_for(project, mirror_root()))
     assert proc.returncode == 2
-    assert "error: data/corpus/manifest.json: no such file; run the corpus stage first (dvc repro corpus)" in proc.stderr
+    assert (
+        "error: data/corpus/manifest.json: no such file; run the corpus stage first (dvc repro corpus)" in proc.stderr
+    )
     assert_no_output(project / "data" / "vocab")
 
 
 # ---- dvc repro of the tiny preset --------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_dvc_repro_tiny(tmp_path):
@@ -62,7 +68,7 @@ def test_dvc_repro_tiny(tmp_path):
     assert (project / "data" / "vocab" / "spm.model").is_file()
     shards = json.loads((project / "data" / "shards" / "manifest.json").read_text())
     metrics = {s: json.loads((project / "metrics" / f"{s}.json").read_text()) for s in ("corpus", "vocab", "shards")}
-    assert metrics["corpus"]["documents"] == 5997                 # the mirror's 4,012 + 1,985 Wikipedia articles
+    assert metrics["corpus"]["documents"] == 5997  # the mirror's 4,012 + 1,985 Wikipedia articles
     assert metrics["vocab"]["vocab_size"] == 8192
     assert metrics["shards"]["train_blocks"] == shards["splits"]["train"]["blocks"] > 2000
     assert shards["seq_len"] == 128 and metrics["shards"]["validation_blocks"] > 0

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 import sentencepiece as spm
+from conftest import ROOT, VOCAB, assert_no_output
 
 from electralab import SPECIAL_TOKENS
-from electralab.errors import ConfigError, DataError
 from electralab.data.corpus import iter_documents, read_corpus_manifest
 from electralab.data.text import normalize
 from electralab.data.vocab import TOKENIZER_FILE, Tokenizer, train_vocab
-from conftest import ROOT, VOCAB, assert_no_output
+from electralab.errors import ConfigError, DataError
 
 
 def test_special_ids_and_size(vocab_dir):
@@ -35,11 +35,14 @@ def test_deterministic_for_a_seed(tmp_path, corpus_dir, vocab_dir):
     """Same corpus + config -> byte-identical model, also in another process (sentencepiece's own sampling
     is not: it differs per process), with sampling active (1,000 of ~2,700 paragraphs) and two threads.
     Another seed samples other sentences and gives another model."""
-    code = ("import sys; from electralab.data.vocab import train_vocab; from conftest import VOCAB; "
-            "train_vocab(sys.argv[1], sys.argv[2], VOCAB)")
+    code = (
+        "import sys; from electralab.data.vocab import train_vocab; from conftest import VOCAB; "
+        "train_vocab(sys.argv[1], sys.argv[2], VOCAB)"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
-    subprocess.run([sys.executable, "-c", code, str(corpus_dir), str(tmp_path / "again")], env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", code, str(corpus_dir), str(tmp_path / "again")], env=env, check=True, capture_output=True
+    )
     assert (tmp_path / "again" / "spm.model").read_bytes() == (vocab_dir / "spm.model").read_bytes()
     assert (tmp_path / "again" / TOKENIZER_FILE).read_bytes() == (vocab_dir / TOKENIZER_FILE).read_bytes()
 
@@ -70,8 +73,11 @@ def test_decode_round_trips_corpus_text(vocab_dir, corpus_dir):
 
 def test_vocab_too_large_for_corpus(tmp_path, corpus_dir):
     cfg = dataclasses.replace(VOCAB, size=200_000)
-    with pytest.raises(ConfigError, match=r"presets.tiny.vocab.size=200000 is more than the corpus in .* supports: "
-                                          r"sentencepiece can make at most \d+ pieces"):
+    with pytest.raises(
+        ConfigError,
+        match=r"presets.tiny.vocab.size=200000 is more than the corpus in .* supports: "
+        r"sentencepiece can make at most \d+ pieces",
+    ):
         train_vocab(corpus_dir, tmp_path / "vocab", cfg, where="presets.tiny.vocab")
     assert_no_output(tmp_path / "vocab")
 

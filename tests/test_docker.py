@@ -14,7 +14,6 @@ import tomllib
 
 import pytest
 import yaml
-
 from conftest import ROOT
 from project_helpers import BIN
 
@@ -46,7 +45,7 @@ def interpolate(value, env: dict[str, str]):
 
 
 def compose_raw() -> dict:
-    return yaml.safe_load((DOCKER / "compose.yaml").read_text())   # YAML anchors and merge keys resolved here
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())  # YAML anchors and merge keys resolved here
 
 
 def compose(**env: str) -> dict:
@@ -61,6 +60,7 @@ def dockerfile() -> list[tuple[str, str]]:
 
 
 # ---- compose ----------------------------------------------------------------------------------------
+
 
 def test_the_vendored_schema_is_the_one_noted():
     assert hashlib.sha256(SCHEMA.read_bytes()).hexdigest() == SCHEMA_SHA256
@@ -88,8 +88,9 @@ def test_the_cluster_has_its_services_wired_together():
     assert services["postgres"]["image"].startswith("postgres:17.")
     assert "pgdata:/var/lib/postgresql/data" in services["postgres"]["volumes"]
     mlflow = services["mlflow"]["environment"]
-    assert mlflow["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql://electralab:") and \
-        mlflow["MLFLOW_BACKEND_STORE_URI"].endswith("@postgres:5432/mlflow")
+    assert mlflow["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql://electralab:") and mlflow[
+        "MLFLOW_BACKEND_STORE_URI"
+    ].endswith("@postgres:5432/mlflow")
     assert mlflow["MLFLOW_ARTIFACTS_DESTINATION"] == "/mlartifacts"
     assert "mlartifacts:/mlartifacts" in services["mlflow"]["volumes"]
     assert "--serve-artifacts" in services["mlflow"]["command"]
@@ -109,10 +110,10 @@ def test_the_cluster_has_its_services_wired_together():
     flows = services["flows"]
     assert "flows/deployments.py" in " ".join(flows["command"]) and flows["environment"]["RAY_ADDRESS"] == "auto"
     assert flows["environment"]["PREFECT_API_URL"] == "http://prefect-server:4200/api"
-    for name in ("mlflow", "prefect-server", "ray-head", "ray-worker", "flows"):   # one image
+    for name in ("mlflow", "prefect-server", "ray-head", "ray-worker", "flows"):  # one image
         assert services[name]["image"] == "electralab:0.1.0"
         assert services[name]["build"] == {"context": "..", "dockerfile": "docker/Dockerfile"}
-    for name in ("ray-head", "ray-worker", "flows"):   # the checkout at one path on every Ray node
+    for name in ("ray-head", "ray-worker", "flows"):  # the checkout at one path on every Ray node
         assert "..:/workspace" in services[name]["volumes"]
         env = services[name]["environment"]
         assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000" and env["RAY_AUTH_MODE"] == "token"
@@ -120,8 +121,14 @@ def test_the_cluster_has_its_services_wired_together():
 
 def test_published_ports_bind_to_localhost_unless_configured_otherwise():
     published = {name: s.get("ports", []) for name, s in compose()["services"].items()}
-    assert published == {"postgres": [], "mlflow": ["127.0.0.1:5000:5000"], "prefect-server": ["127.0.0.1:4200:4200"],
-                         "ray-head": ["127.0.0.1:8265:8265"], "ray-worker": [], "flows": []}
+    assert published == {
+        "postgres": [],
+        "mlflow": ["127.0.0.1:5000:5000"],
+        "prefect-server": ["127.0.0.1:4200:4200"],
+        "ray-head": ["127.0.0.1:8265:8265"],
+        "ray-worker": [],
+        "flows": [],
+    }
     opened = compose(ELECTRALAB_BIND="0.0.0.0", MLFLOW_PORT="5555")["services"]["mlflow"]["ports"]
     assert opened == ["0.0.0.0:5555:5000"]
 
@@ -130,11 +137,12 @@ def test_no_credentials_in_the_repository_only_required_variables():
     raw = (DOCKER / "compose.yaml").read_text()
     for secret in SECRETS:
         uses = re.findall(rf"\$\{{{secret}(:?[-?])?[^}}]*\}}", raw)
-        assert uses and all(op == ":?" for op in uses), (secret, uses)   # required: no default value
+        assert uses and all(op == ":?" for op in uses), (secret, uses)  # required: no default value
         with pytest.raises(KeyError, match=secret):
             interpolate(compose_raw(), {s: "x" for s in SECRETS if s != secret})
-    example = dict(l.split("=", 1) for l in (DOCKER / ".env.example").read_text().splitlines()
-                   if l and not l.startswith("#"))
+    example = dict(
+        l.split("=", 1) for l in (DOCKER / ".env.example").read_text().splitlines() if l and not l.startswith("#")
+    )
     assert {s: example[s] for s in SECRETS} == {s: "" for s in SECRETS}
     assert ".env" in (ROOT / ".gitignore").read_text().split()
     # No literal password, token or key anywhere under docker/ (values come from ${...} only).
@@ -151,24 +159,38 @@ def test_server_flags_exist_in_the_locked_versions_cli():
     services = compose()["services"]
 
     def help_of(*cmd: str) -> str:
-        proc = subprocess.run([str(BIN / cmd[0]), *cmd[1:], "--help"], capture_output=True, text=True, timeout=120,
-                              env={"COLUMNS": "200", "PATH": str(BIN), "HOME": "/tmp"})
+        proc = subprocess.run(
+            [str(BIN / cmd[0]), *cmd[1:], "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"COLUMNS": "200", "PATH": str(BIN), "HOME": "/tmp"},
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
-    for service, prefix in (("mlflow", ("mlflow", "server")), ("ray-head", ("ray", "start")),
-                            ("ray-worker", ("ray", "start")), ("prefect-server", ("prefect", "server", "start"))):
+    for service, prefix in (
+        ("mlflow", ("mlflow", "server")),
+        ("ray-head", ("ray", "start")),
+        ("ray-worker", ("ray", "start")),
+        ("prefect-server", ("prefect", "server", "start")),
+    ):
         command = services[service]["command"]
-        assert tuple(command[:len(prefix)]) == prefix, command
+        assert tuple(command[: len(prefix)]) == prefix, command
         text = help_of(*prefix)
-        for flag in (a.split("=")[0] for a in command[len(prefix):] if a.startswith("--")):
-            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), \
+        for flag in (a.split("=")[0] for a in command[len(prefix) :] if a.startswith("--")):
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), (
                 f"{service}: {flag} is not an option of `{' '.join(prefix)}`"
+            )
     mlflow_help = help_of("mlflow", "server")
-    for variable in services["mlflow"]["environment"]:   # MLflow reads its options from these variables
-        option = {"MLFLOW_BACKEND_STORE_URI": "--backend-store-uri", "MLFLOW_ARTIFACTS_DESTINATION":
-                  "--artifacts-destination", "MLFLOW_HOST": "--host", "MLFLOW_PORT": "--port",
-                  "MLFLOW_SERVER_ALLOWED_HOSTS": "--allowed-hosts"}[variable]
+    for variable in services["mlflow"]["environment"]:  # MLflow reads its options from these variables
+        option = {
+            "MLFLOW_BACKEND_STORE_URI": "--backend-store-uri",
+            "MLFLOW_ARTIFACTS_DESTINATION": "--artifacts-destination",
+            "MLFLOW_HOST": "--host",
+            "MLFLOW_PORT": "--port",
+            "MLFLOW_SERVER_ALLOWED_HOSTS": "--allowed-hosts",
+        }[variable]
         from mlflow.cli import cli
 
         envvars = {p.envvar for p in cli.commands["server"].params}
@@ -176,6 +198,7 @@ def test_server_flags_exist_in_the_locked_versions_cli():
 
 
 # ---- Dockerfile -------------------------------------------------------------------------------------
+
 
 def test_dockerfile_pins_its_base_images_and_python():
     instructions = dockerfile()
@@ -186,7 +209,7 @@ def test_dockerfile_pins_its_base_images_and_python():
     for image in images:
         name, _, tag = image.rpartition(":")
         assert name and re.fullmatch(r"v?\d+\.\d+\.\d+\S*", tag), f"{image}: pin an exact version tag, not {tag!r}"
-    gpu = bases[-1]   # the image that runs
+    gpu = bases[-1]  # the image that runs
     assert re.fullmatch(r"nvidia/cuda:12\.\d+\.\d+-cudnn-runtime-ubuntu\d\d\.04", gpu), gpu
 
     args = dict(a.split("=", 1) for op, a in instructions if op == "ARG" and "=" in a)
@@ -201,13 +224,13 @@ def test_dockerfile_installs_the_lock_file_and_the_project_without_other_package
     installs = [c for r in runs for c in re.split(r"&&|;", r) if re.search(r"\bpip install\b", c)]
     assert any(c.split()[:1] == ["requirements.lock"] for c in copies), copies
     assert any("-r requirements.lock" in c for c in installs), installs
-    assert any("--no-deps ." in c for c in installs), installs   # the project itself, nothing it would pull in
-    for command in installs:   # nothing else: no unpinned package sneaks in beside the lock
+    assert any("--no-deps ." in c for c in installs), installs  # the project itself, nothing it would pull in
+    for command in installs:  # nothing else: no unpinned package sneaks in beside the lock
         rest = re.sub(r"-r requirements.lock|--no-deps \.|--no-cache-dir|pip install|\s+", " ", command).strip()
         assert rest == "", f"unexpected install: {command}"
     lock = (ROOT / "requirements.lock").read_text()
     assert re.search(r"^torch==\d", lock, re.M) and re.search(r"^psycopg2-binary==", lock, re.M)
     ignored = [l for l in (ROOT / ".dockerignore").read_text().splitlines() if l and not l.startswith("#")]
-    assert ignored[0] == "*" and "!requirements.lock" in ignored and "!src/" in ignored   # no data, venv or DB
+    assert ignored[0] == "*" and "!requirements.lock" in ignored and "!src/" in ignored  # no data, venv or DB
     for op, a in dockerfile():
         assert not (op in ("ENV", "ARG") and re.search(r"(?i)password|token|secret", a)), a

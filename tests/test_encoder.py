@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import VOCAB, jitter, tiny_model
 
 from electralab.config import EncoderConfig, load_params
-from electralab.model.encoder import (Encoder, RelativePositionBias, SelfAttention, TransformerLayer,
-                                      count_parameters, make_token_embedding, relative_position_bucket)
-
-from helpers import VOCAB, jitter, tiny_model
+from electralab.model.encoder import (
+    Encoder,
+    RelativePositionBias,
+    SelfAttention,
+    TransformerLayer,
+    count_parameters,
+    make_token_embedding,
+    relative_position_bucket,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -24,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # --------------------------------------------------------------------------------------------
 # Hand-written references (no code under test)
 # --------------------------------------------------------------------------------------------
+
 
 def t5_bucket(rel: int, num_buckets: int, max_distance: int) -> int:
     """T5's bidirectional relative-position bucket of one distance rel = key - query, written
@@ -54,12 +61,12 @@ def manual_attention(x, attn: SelfAttention, bias):
     d = H // nh
     W, b = attn.qkv.weight, attn.qkv.bias
     q = x @ W[:H].T + b[:H]
-    k = x @ W[H:2 * H].T + b[H:2 * H]
-    v = x @ W[2 * H:].T + b[2 * H:]
+    k = x @ W[H : 2 * H].T + b[H : 2 * H]
+    v = x @ W[2 * H :].T + b[2 * H :]
     heads = []
     for h in range(nh):
         sl = slice(h * d, (h + 1) * d)
-        scores = q[..., sl] @ k[..., sl].transpose(-1, -2) / math.sqrt(d)     # (B, T, T)
+        scores = q[..., sl] @ k[..., sl].transpose(-1, -2) / math.sqrt(d)  # (B, T, T)
         if bias is not None:
             scores = scores + bias[:, h if bias.shape[1] > 1 else 0]
         heads.append(torch.softmax(scores, -1) @ v[..., sl])
@@ -88,15 +95,16 @@ def build(cfg: EncoderConfig, seed: int = 0) -> Encoder:
 # Relative position bias
 # --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("buckets,max_distance", [(32, 128), (64, 128), (128, 256), (8, 16), (4, 8), (16, 20)])
 def test_relative_bucket_matches_scalar_t5(buckets, max_distance):
     rel = torch.arange(-200, 201)
     got = relative_position_bucket(rel, buckets, max_distance).tolist()
     want = [t5_bucket(r, buckets, max_distance) for r in rel.tolist()]
     assert got == want
-    assert got[200] == 0 and got[201] == buckets // 2 + 1        # rel 0 and +1 (keys after the query)
+    assert got[200] == 0 and got[201] == buckets // 2 + 1  # rel 0 and +1 (keys after the query)
     far = relative_position_bucket(torch.tensor([-10 * max_distance, 10 * max_distance]), buckets, max_distance)
-    assert far.tolist() == [buckets // 2 - 1, buckets - 1]        # beyond max_distance: the last bucket
+    assert far.tolist() == [buckets // 2 - 1, buckets - 1]  # beyond max_distance: the last bucket
 
 
 def test_relative_bias_is_one_scalar_per_bucket_and_head_shared_by_layers():
@@ -105,12 +113,12 @@ def test_relative_bias_is_one_scalar_per_bucket_and_head_shared_by_layers():
     T = 20
     out = rb(T, torch.device("cpu"))
     assert out.shape == (1, 3, T, T)
-    for i in range(T):                  # query i, key j, rel = j - i
+    for i in range(T):  # query i, key j, rel = j - i
         for j in range(T):
             want = rb.bias.weight[t5_bucket(j - i, 8, 16)]
             assert torch.equal(out[0, :, i, j], want)
     enc = build(tiny_model())
-    assert sum(isinstance(m, RelativePositionBias) for m in enc.modules()) == 1   # one, for all layers
+    assert sum(isinstance(m, RelativePositionBias) for m in enc.modules()) == 1  # one, for all layers
 
 
 def test_relative_bias_rejects_too_few_buckets():
@@ -122,6 +130,7 @@ def test_relative_bias_rejects_too_few_buckets():
 # Attention and the post-LN layer
 # --------------------------------------------------------------------------------------------
 
+
 def test_sdpa_attention_equals_manual_softmax_with_bias_and_pad_mask():
     torch.manual_seed(0)
     cfg = tiny_model(hidden=8, heads=2)
@@ -130,7 +139,7 @@ def test_sdpa_attention_equals_manual_softmax_with_bias_and_pad_mask():
     x = torch.randn(B, T, 8)
     rel = torch.randn(1, 2, T, T)
     mask = torch.ones(B, T, dtype=torch.bool)
-    mask[0, 3:] = False                                            # two [PAD] keys in row 0
+    mask[0, 3:] = False  # two [PAD] keys in row 0
     bias = rel + pad_bias(mask)
     got = attn(x, bias)
     want = manual_attention(x, attn, rel + pad_bias(mask))
@@ -153,7 +162,7 @@ def test_encoder_attention_bias_is_relative_plus_pad_mask():
     rel = enc.relative_bias(6, torch.device("cpu"))
     torch.testing.assert_close(bias[0], rel[0])
     assert torch.all(bias[1, :, :, 4:] < -1e30) and torch.equal(bias[1, :, :, :4], rel[0, :, :, :4])
-    assert enc.attention_bias(None, 6, torch.device("cpu")) is not None      # relative bias alone
+    assert enc.attention_bias(None, 6, torch.device("cpu")) is not None  # relative bias alone
     no_rel = build(tiny_model(relative_positions=False))
     assert no_rel.attention_bias(None, 6, torch.device("cpu")) is None
 
@@ -162,7 +171,7 @@ def test_transformer_layer_is_post_layernorm():
     torch.manual_seed(0)
     cfg = tiny_model(hidden=8, heads=2, ffn=16)
     layer = TransformerLayer(cfg).eval()
-    for p in layer.parameters():                   # non-trivial LayerNorm affine params too
+    for p in layer.parameters():  # non-trivial LayerNorm affine params too
         torch.nn.init.normal_(p, std=0.5)
     x = torch.randn(2, 5, 8)
     bias = torch.randn(1, 2, 5, 5)
@@ -176,8 +185,9 @@ def test_transformer_layer_is_post_layernorm():
 # The encoder
 # --------------------------------------------------------------------------------------------
 
+
 def test_encoder_returns_embeddings_plus_every_layer_output():
-    cfg = tiny_model(embedding=16)               # factorised: 16-d embeddings projected to 32
+    cfg = tiny_model(embedding=16)  # factorised: 16-d embeddings projected to 32
     enc = jitter(build(cfg))
     torch.manual_seed(1)
     ids = torch.randint(5, VOCAB, (2, 10))
@@ -205,16 +215,16 @@ def test_relative_bias_off_has_no_bias_module():
 
 
 def test_absolute_positions_on_and_off():
-    ids = torch.full((1, 6), 7)                  # the same token everywhere
+    ids = torch.full((1, 6), 7)  # the same token everywhere
     on = build(tiny_model(relative_positions=False))
     assert on.embeddings.positions is not None
     emb = on(ids)[0][0]
-    assert not torch.allclose(emb[0], emb[1])    # positions distinguish equal tokens
+    assert not torch.allclose(emb[0], emb[1])  # positions distinguish equal tokens
     off = build(tiny_model(absolute_positions=False))
     assert off.embeddings.positions is None
     assert not any("positions.weight" in n for n, _ in off.named_parameters())
     emb = off(ids)[0][0]
-    torch.testing.assert_close(emb[0], emb[1])   # no absolute position information in the embeddings
+    torch.testing.assert_close(emb[0], emb[1])  # no absolute position information in the embeddings
     # Without any position information the encoder is permutation-equivariant; either kind of
     # position information breaks that.
     torch.manual_seed(3)
@@ -222,7 +232,7 @@ def test_absolute_positions_on_and_off():
     perm = torch.randperm(8)
     nopos = build(tiny_model(absolute_positions=False, relative_positions=False))
     torch.testing.assert_close(nopos(ids[:, perm])[-1], nopos(ids)[-1][:, perm], atol=1e-5, rtol=1e-5)
-    torch.nn.init.normal_(off.relative_bias.bias.weight, std=1.0)   # a trained-size bias, not 0.02
+    torch.nn.init.normal_(off.relative_bias.bias.weight, std=1.0)  # a trained-size bias, not 0.02
     for enc in (on, off):
         assert not torch.allclose(enc(ids[:, perm])[-1], enc(ids)[-1][:, perm], atol=1e-3)
 
@@ -231,7 +241,7 @@ def test_detach_after_blocks_gradients_below():
     enc = build(tiny_model(relative_positions=False))
     ids = torch.randint(5, VOCAB, (2, 8))
     hidden = enc(ids, detach_after={4, 8})
-    hidden[-1].pow(2).sum().backward()            # the top block's exit
+    hidden[-1].pow(2).sum().backward()  # the top block's exit
     for n, layer in enumerate(enc.layers, start=1):
         grads = [p.grad for p in layer.parameters()]
         if n <= 8:
@@ -241,11 +251,11 @@ def test_detach_after_blocks_gradients_below():
     assert all(p.grad is None for p in enc.embeddings.parameters())
     enc.zero_grad(set_to_none=True)
     hidden = enc(ids, detach_after={4, 8})
-    hidden[6].pow(2).sum().backward()             # the middle block's exit: layers 5-6 only
+    hidden[6].pow(2).sum().backward()  # the middle block's exit: layers 5-6 only
     got = {n for n, layer in enumerate(enc.layers, start=1) if layer.ffn_in.weight.grad is not None}
     assert got == {5, 6}
     enc.zero_grad(set_to_none=True)
-    enc(ids)[-1].pow(2).sum().backward()          # no detach: everything learns from the top
+    enc(ids)[-1].pow(2).sum().backward()  # no detach: everything learns from the top
     assert all(p.grad is not None for p in enc.parameters())
     # The outputs themselves are unchanged by detaching.
     torch.testing.assert_close(enc(ids, detach_after={4})[-1], enc(ids)[-1])
@@ -287,16 +297,19 @@ def test_parameter_counts_match_the_papers(preset, paper, tol, source):
     with torch.device("meta"):
         enc = Encoder(pr.model, make_token_embedding(pr.vocab.size, pr.model.embedding))
     n = count_parameters(enc)
-    print(f"\n{preset}: {n:,} parameters ({n / 1e6:.2f}M) vs {paper / 1e6:.0f}M [{source}]; "
-          f"off by {100 * (n - paper) / paper:+.2f}%")
+    print(
+        f"\n{preset}: {n:,} parameters ({n / 1e6:.2f}M) vs {paper / 1e6:.0f}M [{source}]; "
+        f"off by {100 * (n - paper) / paper:+.2f}%"
+    )
     assert abs(n - paper) <= tol * paper
 
 
 def test_count_parameters_counts_shared_once():
     tokens = make_token_embedding(VOCAB, 32)
     a = Encoder(tiny_model(), tokens)
-    b = Encoder(tiny_model(), tokens, embeddings=a.embeddings, relative_bias=a.relative_bias,
-                shared_layers=a.layers[:3])
+    b = Encoder(
+        tiny_model(), tokens, embeddings=a.embeddings, relative_bias=a.relative_bias, shared_layers=a.layers[:3]
+    )
     both = torch.nn.ModuleList([a, b])
     own_b = sum(p.numel() for layer in b.layers[3:] for p in layer.parameters())
     assert count_parameters(both) == count_parameters(a) + own_b
@@ -305,6 +318,7 @@ def test_count_parameters_counts_shared_once():
 # --------------------------------------------------------------------------------------------
 # bf16 autocast (the CUDA path): the bias is cast to q's dtype
 # --------------------------------------------------------------------------------------------
+
 
 def test_bf16_autocast_runs_and_matches_fp32_loosely():
     enc = build(tiny_model(layers=2))

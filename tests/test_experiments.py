@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import mirror_root
 from ops_helpers import make_project
 from project_helpers import BIN, env_for, run, set_param
+
 from electralab.io import sha256_file
 
 DVC = str(BIN / "dvc")
@@ -44,20 +44,26 @@ def experiment_steps(project: Path, env: dict) -> dict[str, int]:
 @pytest.mark.slow
 def test_temp_and_queued_experiments_run_and_write_only_in_their_own_copy(tmp_path):
     project = make_project(tmp_path / "project")
-    env = env_for(project, mirror_root())          # no MLFLOW_TRACKING_URI: the project's own mlflow.db
+    env = env_for(project, mirror_root())  # no MLFLOW_TRACKING_URI: the project's own mlflow.db
     proc = run([DVC, "repro", "pretrain@mlm"], project, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     before = snapshot(project)
     assert json.loads((project / "metrics" / "pretrain" / "mlm.json").read_text())["steps"] == 8
 
-    proc = run([DVC, "exp", "run", "--temp", "-n", "short", "-S", "presets.tiny.pretrain.steps=4", "pretrain@mlm"],
-               project, env)
+    proc = run(
+        [DVC, "exp", "run", "--temp", "-n", "short", "-S", "presets.tiny.pretrain.steps=4", "pretrain@mlm"],
+        project,
+        env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert snapshot(project) == before
     assert not (project / "checkpoints" / "mlm").exists()
 
-    proc = run([DVC, "exp", "run", "--queue", "-n", "queued", "-S", "presets.tiny.pretrain.steps=6", "pretrain@mlm"],
-               project, env)
+    proc = run(
+        [DVC, "exp", "run", "--queue", "-n", "queued", "-S", "presets.tiny.pretrain.steps=6", "pretrain@mlm"],
+        project,
+        env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert run([DVC, "queue", "start"], project, env).returncode == 0
     deadline = time.monotonic() + 300
@@ -74,7 +80,10 @@ def test_temp_and_queued_experiments_run_and_write_only_in_their_own_copy(tmp_pa
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("electralab-tiny").experiment_id], "tags.run = 'mlm'")
     assert sorted((r.data.tags["dvc_exp"], r.data.params["pretrain.steps"], r.info.status) for r in runs) == [
-        ("", "8", "FINISHED"), ("queued", "6", "FINISHED"), ("short", "4", "FINISHED")]
+        ("", "8", "FINISHED"),
+        ("queued", "6", "FINISHED"),
+        ("short", "4", "FINISHED"),
+    ]
     subprocess.run([DVC, "queue", "stop"], cwd=project, env=env, capture_output=True, timeout=60)
 
 
@@ -88,10 +97,16 @@ def test_a_failed_repro_leaves_the_previous_finetuning_result_and_report_in_plac
     for args in (["repro", "finetune@mlm"], ["repro", "--single-item", "report"]):
         proc = run([DVC, *args], project, env)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    kept = {p: p.read_bytes() for p in (project / "metrics" / "finetune" / "mlm.json", project / "metrics" / "report.json",
-                                        project / "reports" / "report.md")}
+    kept = {
+        p: p.read_bytes()
+        for p in (
+            project / "metrics" / "finetune" / "mlm.json",
+            project / "metrics" / "report.json",
+            project / "reports" / "report.md",
+        )
+    }
 
-    set_param(project, "presets.tiny.finetune.max_eval_examples", 0)    # out of range: both stages fail
+    set_param(project, "presets.tiny.finetune.max_eval_examples", 0)  # out of range: both stages fail
     for args in (["repro", "finetune@mlm"], ["repro", "--single-item", "report"]):
         proc = run([DVC, *args], project, env)
         assert proc.returncode != 0 and "max_eval_examples=0 is out of range" in proc.stdout + proc.stderr

@@ -12,8 +12,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-
 from conftest import VOCAB, mirror_root
+
 from electralab.config import EncoderConfig
 from electralab.data.vocab import Tokenizer
 from electralab.export import load_encoder, save_encoder, save_huggingface
@@ -25,8 +25,19 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 # Real text, and what normalisation has to get right: whitespace runs and controls, accents, a word-final
 # capital sigma, zero-width and format characters, characters outside the vocabulary, the replacement character.
-EDGE_CASES = ["  Café\tMÜNCHEN\n", "ΟΔΟΣ ΣΟΦΙΑΣ", "a\u200bb  c", "日本語のテキスト 🤖", "x\x01y\x7fz", "İstanbul ǅ ﬁ",
-              "naïve résumé", "\ufffdbroken", "a\x1cb\u3000c", " ", ""]
+EDGE_CASES = [
+    "  Café\tMÜNCHEN\n",
+    "ΟΔΟΣ ΣΟΦΙΑΣ",
+    "a\u200bb  c",
+    "日本語のテキスト 🤖",
+    "x\x01y\x7fz",
+    "İstanbul ǅ ﬁ",
+    "naïve résumé",
+    "\ufffdbroken",
+    "a\x1cb\u3000c",
+    " ",
+    "",
+]
 
 
 def dev_pairs(limit: int = 150) -> list[tuple[str, str | None]]:
@@ -36,7 +47,7 @@ def dev_pairs(limit: int = 150) -> list[tuple[str, str | None]]:
     for task in TASKS.values():
         try:
             split = read_split(task, task.eval_splits[0].name, mirror_root())
-        except MissingSplit:   # a split the mirror lacks (QQP's dev)
+        except MissingSplit:  # a split the mirror lacks (QQP's dev)
             continue
         if task.kind == "span":
             pairs += [(e.question, e.context) for e in split.examples[:limit]]
@@ -63,7 +74,7 @@ def vocabularies(vocab_dir, corpus_dir, corpus_cfg, mirror, tmp_path_factory):
 def random_encoder(cfg: EncoderConfig, vocab_size: int) -> Encoder:
     torch.manual_seed(0)
     encoder = Encoder(cfg, make_token_embedding(vocab_size, cfg.embedding)).eval()
-    with torch.no_grad():   # away from the initialisation: zero biases would hide a misplaced one
+    with torch.no_grad():  # away from the initialisation: zero biases would hide a misplaced one
         for p in encoder.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return encoder
@@ -76,28 +87,33 @@ def test_autotokenizer_gives_our_ids_on_real_sentences(kind, vocabularies, tmp_p
     cfg = EncoderConfig(hidden=16, layers=1, heads=1, ffn=32, embedding=16, max_positions=512)
     ours = Tokenizer(vocabularies[kind])
     save_huggingface(random_encoder(cfg, ours.vocab_size), tmp_path / "hf", vocab_dir=vocabularies[kind])
-    theirs = AutoTokenizer.from_pretrained(tmp_path / "hf")   # as is: no remote code, no arguments
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "hf")  # as is: no remote code, no arguments
 
     pairs = dev_pairs() + [(t, None) for t in EDGE_CASES]
     texts = [t for pair in pairs for t in pair if t is not None]
-    mismatches = [t for t, ids in zip(texts, theirs(texts, add_special_tokens=False)["input_ids"])
-                  if ids != ours.encode(t)]
+    mismatches = [
+        t for t, ids in zip(texts, theirs(texts, add_special_tokens=False)["input_ids"]) if ids != ours.encode(t)
+    ]
     assert not mismatches, (len(mismatches), len(texts), mismatches[:3])
     # With the special tokens: exactly the inputs fine-tuning builds ([CLS] a [SEP] b [SEP], no segment ids).
     a, b = [p[0] for p in pairs if p[1]], [p[1] for p in pairs if p[1]]
     encoded = encode_pairs(ours, a, b, np.zeros(len(a)), max_len=100_000)
     batch = theirs(a, b)
     assert set(batch) == {"input_ids", "attention_mask"}
-    assert all(batch["input_ids"][i] == encoded.ids[encoded.offsets[i]:encoded.offsets[i + 1]].tolist()
-               for i in range(len(a)))
+    assert all(
+        batch["input_ids"][i] == encoded.ids[encoded.offsets[i] : encoded.offsets[i + 1]].tolist()
+        for i in range(len(a))
+    )
     assert theirs.decode(theirs("The cat sat.")["input_ids"], skip_special_tokens=True) == ours.decode(
-        ours.encode("The cat sat."))
+        ours.encode("The cat sat.")
+    )
 
 
-CONFIGS = {   # the presets' default (absolute + relative), relative only with factorised embeddings, absolute only
+CONFIGS = {  # the presets' default (absolute + relative), relative only with factorised embeddings, absolute only
     "absolute+relative": dict(absolute_positions=True, relative_positions=True),
-    "relative, factorised": dict(absolute_positions=False, relative_positions=True, embedding=16,
-                                 relative_buckets=16, relative_max_distance=24),
+    "relative, factorised": dict(
+        absolute_positions=False, relative_positions=True, embedding=16, relative_buckets=16, relative_max_distance=24
+    ),
     "absolute": dict(absolute_positions=True, relative_positions=False, embedding=16),
 }
 
@@ -106,8 +122,9 @@ CONFIGS = {   # the presets' default (absolute + relative), relative only with f
 def test_automodel_and_autotokenizer_give_our_encoders_outputs(name, vocab_dir, tmp_path):
     from transformers import AutoModel, AutoTokenizer, ElectraModel
 
-    cfg = EncoderConfig(**{**dict(hidden=32, layers=3, heads=2, ffn=64, embedding=32, max_positions=512),
-                           **CONFIGS[name]})
+    cfg = EncoderConfig(
+        **{**dict(hidden=32, layers=3, heads=2, ffn=64, embedding=32, max_positions=512), **CONFIGS[name]}
+    )
     ours = Tokenizer(vocab_dir)
     encoder = random_encoder(cfg, ours.vocab_size)
     save_encoder(encoder, tmp_path / "ours", vocab_dir)
@@ -117,15 +134,16 @@ def test_automodel_and_autotokenizer_give_our_encoders_outputs(name, vocab_dir, 
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
 
     pairs = dev_pairs(limit=3)
-    a, b = [p[0] for p in pairs if p[1]][:6], [p[1] for p in pairs if p[1]][:6]   # up to ~200 tokens: far buckets
+    a, b = [p[0] for p in pairs if p[1]][:6], [p[1] for p in pairs if p[1]][:6]  # up to ~200 tokens: far buckets
     batch = tokenizer(a, b, padding=True, return_tensors="pt")
     mask = batch["attention_mask"].bool()
-    assert not mask.all()   # padding in the batch: the mask and the bias combine
+    assert not mask.all()  # padding in the batch: the mask and the bias combine
     with torch.no_grad():
         expected = encoder(batch["input_ids"], mask)[-1]
         for attention in ("sdpa", "eager"):
-            model = AutoModel.from_pretrained(tmp_path / "hf", trust_remote_code=remote,
-                                              attn_implementation=attention).eval()
+            model = AutoModel.from_pretrained(
+                tmp_path / "hf", trust_remote_code=remote, attn_implementation=attention
+            ).eval()
             assert (type(model).__name__ == "ElectralabModel") == remote and isinstance(model, ElectraModel)
             got = model(**batch).last_hidden_state
             assert torch.allclose(got[mask], expected[mask], atol=1e-5), (attention, (got - expected)[mask].abs().max())

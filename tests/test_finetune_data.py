@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import ROOT, mirror_root
 
 from electralab import CLS_ID, PAD_ID, SEP_ID
 from electralab.config import SquadSettings, load_params
@@ -17,24 +18,34 @@ from electralab.finetune import features as F
 from electralab.finetune.data import prepare
 from electralab.finetune.metrics import squad_metrics
 from electralab.finetune.squad import decode, max_context, split_words, squad_windows, word_pieces
-from electralab.finetune.tasks import (TASKS, MissingSplit, glue_from_hub_rows, read_glue_tsv, read_split,
-                                       squad_from_hub_rows)
-
-from conftest import ROOT, mirror_root
+from electralab.finetune.tasks import (
+    TASKS,
+    MissingSplit,
+    glue_from_hub_rows,
+    read_glue_tsv,
+    read_split,
+    squad_from_hub_rows,
+)
 
 MIRROR = mirror_root()
 
 # (task, split): rows, label counts in label-id order (../shared/data/SOURCES.md and PROVENANCE.md)
 GLUE_COUNTS = {
-    ("cola", "train"): (8551, None), ("cola", "dev"): (1043, (322, 721)),
-    ("sst2", "train"): (67349, None), ("sst2", "dev"): (872, (428, 444)),
-    ("mrpc", "train"): (3668, (1194, 2474)), ("mrpc", "dev"): (408, (129, 279)),
-    ("stsb", "train"): (5749, None), ("stsb", "dev"): (1500, None),
-    ("rte", "train"): (2490, None), ("rte", "dev"): (277, (146, 131)),
-    ("qnli", "train"): (320, (160, 160)), ("qnli", "dev"): (5463, (2702, 2761)),
+    ("cola", "train"): (8551, None),
+    ("cola", "dev"): (1043, (322, 721)),
+    ("sst2", "train"): (67349, None),
+    ("sst2", "dev"): (872, (428, 444)),
+    ("mrpc", "train"): (3668, (1194, 2474)),
+    ("mrpc", "dev"): (408, (129, 279)),
+    ("stsb", "train"): (5749, None),
+    ("stsb", "dev"): (1500, None),
+    ("rte", "train"): (2490, None),
+    ("rte", "dev"): (277, (146, 131)),
+    ("qnli", "train"): (320, (160, 160)),
+    ("qnli", "dev"): (5463, (2702, 2761)),
     ("qqp", "train"): (320, (160, 160)),
     ("mnli", "train"): (480, (160, 160, 160)),
-    ("mnli", "dev_matched"): (9815, (3479, 3123, 3213)),        # entailment, neutral, contradiction
+    ("mnli", "dev_matched"): (9815, (3479, 3123, 3213)),  # entailment, neutral, contradiction
     ("mnli", "dev_mismatched"): (9832, (3463, 3129, 3240)),
 }
 
@@ -65,9 +76,10 @@ def test_mrpc_byte_order_mark_header_and_bare_quotes():
     assert (MIRROR / "glue" / "MRPC" / "train.tsv").read_bytes().startswith(b"\xef\xbb\xbfQuality\t")
     train = read_split(TASKS["mrpc"], "train", MIRROR)
     assert train.labels[0] == 1
-    assert train.text_a[0] == ('Amrozi accused his brother , whom he called " the witness " , of deliberately '
-                               'distorting his evidence .')
-    qnli = read_split(TASKS["qnli"], "dev", MIRROR)     # 13 QNLI dev sentences start with a bare quote
+    assert train.text_a[0] == (
+        'Amrozi accused his brother , whom he called " the witness " , of deliberately distorting his evidence .'
+    )
+    qnli = read_split(TASKS["qnli"], "dev", MIRROR)  # 13 QNLI dev sentences start with a bare quote
     assert sum(s.startswith('" ') for s in qnli.text_b) == 13
 
 
@@ -94,21 +106,28 @@ def test_squad_json_counts():
     assert len(train) == 4719 and sum(not e.has_answer for e in train.examples) == 348
     for e in train.examples:
         if e.has_answer:
-            assert e.context[e.answer_start:e.answer_start + len(e.answers[0])] == e.answers[0]
+            assert e.context[e.answer_start : e.answer_start + len(e.answers[0])] == e.answers[0]
 
 
 def test_hub_rows_give_the_same_layout():
     import datasets
 
-    rows = datasets.Dataset.from_dict({"premise": ["A man eats."], "hypothesis": ["Someone eats."], "label": [0],
-                                       "idx": [0]}).to_dict()
+    rows = datasets.Dataset.from_dict(
+        {"premise": ["A man eats."], "hypothesis": ["Someone eats."], "label": [0], "idx": [0]}
+    ).to_dict()
     mnli = glue_from_hub_rows(TASKS["mnli"], rows, "nyu-mll/glue/mnli:validation_matched")
     assert (mnli.text_a, mnli.text_b, mnli.labels.tolist()) == (["A man eats."], ["Someone eats."], [0])
     with pytest.raises(DataError, match="labels outside"):
         glue_from_hub_rows(TASKS["mnli"], {**rows, "label": [-1]}, "test split")
-    squad = squad_from_hub_rows({"id": ["a", "b"], "question": ["Who?", "What?"], "context": ["Rollo did.", "x"],
-                                 "answers": [{"text": ["Rollo"], "answer_start": [0]}, {"text": [], "answer_start": []}]},
-                                "rajpurkar/squad_v2:validation")
+    squad = squad_from_hub_rows(
+        {
+            "id": ["a", "b"],
+            "question": ["Who?", "What?"],
+            "context": ["Rollo did.", "x"],
+            "answers": [{"text": ["Rollo"], "answer_start": [0]}, {"text": [], "answer_start": []}],
+        },
+        "rajpurkar/squad_v2:validation",
+    )
     assert [(e.answers, e.answer_start) for e in squad.examples] == [(("Rollo",), 0), ((), None)]
 
 
@@ -119,6 +138,7 @@ def test_hub_unreachable_is_a_missing_split():
 
 
 # --- encoding and batching ----------------------------------------------------------------------------
+
 
 def bert_truncate(a: int, b: int, budget: int) -> tuple[int, int]:
     """BERT's _truncate_seq_pair, on lengths."""
@@ -141,7 +161,7 @@ def test_pairs_are_cls_a_sep_b_sep_with_the_runs_tokenizer(vocab_dir):
     tok = Tokenizer(vocab_dir)
     a, b = ["The cat sat on the mat.", "A much longer first sentence " * 20], ["It sat.", "Short."]
     enc = F.encode_pairs(tok, a, b, np.array([1, 0]), max_len=32)
-    first = enc.ids[enc.offsets[0]:enc.offsets[1]].tolist()
+    first = enc.ids[enc.offsets[0] : enc.offsets[1]].tolist()
     assert first == [CLS_ID, *tok.encode(a[0]), SEP_ID, *tok.encode(b[0]), SEP_ID]
     assert enc.lengths[1] == 32 and enc.ids[enc.offsets[2] - 1] == SEP_ID
     single = F.encode_pairs(tok, a, None, np.array([1, 0]), max_len=16)
@@ -164,24 +184,33 @@ def test_batches_cover_every_example_once_and_grouping_cuts_padding():
         batches = F.train_batches(lengths, 32, np.random.default_rng(1), group)
         assert sorted(np.concatenate(batches).tolist()) == list(range(5000))
         again = F.train_batches(lengths, 32, np.random.default_rng(1), group)
-        assert all((x == y).all() for x, y in zip(batches, again))      # the seed fixes the order
-    padded = {g: sum(lengths[b].max() * len(b) for b in F.train_batches(lengths, 32, np.random.default_rng(1), g))
-              for g in (False, True)}
+        assert all((x == y).all() for x, y in zip(batches, again))  # the seed fixes the order
+    padded = {
+        g: sum(lengths[b].max() * len(b) for b in F.train_batches(lengths, 32, np.random.default_rng(1), g))
+        for g in (False, True)
+    }
     assert padded[True] < 0.7 * padded[False]
     evals = F.eval_batches(lengths, 100)
     assert sorted(np.concatenate(evals).tolist()) == list(range(5000))
 
 
 def test_caps_and_label_fractions_are_fixed_nested_subsets(vocab_dir):
-    cfg = dataclasses.replace(load_params(ROOT / "params.yaml").presets["tiny"].finetune,
-                              max_train_examples=100, max_eval_examples=50)
+    cfg = dataclasses.replace(
+        load_params(ROOT / "params.yaml").presets["tiny"].finetune, max_train_examples=100, max_eval_examples=50
+    )
     tok = Tokenizer(vocab_dir)
     data = prepare(TASKS["mnli"], tok, cfg, MIRROR, (1.0, 0.01, 0.1))
-    assert data[1.0].counts == {"num_train_available": 480, "num_train_examples": 100, "num_train_skipped": 0,
-                                "num_eval_available": 9815, "num_eval_examples": 50,
-                                "num_eval_available_mm": 9832, "num_eval_examples_mm": 50}
+    assert data[1.0].counts == {
+        "num_train_available": 480,
+        "num_train_examples": 100,
+        "num_train_skipped": 0,
+        "num_eval_available": 9815,
+        "num_eval_examples": 50,
+        "num_eval_available_mm": 9832,
+        "num_eval_examples_mm": 50,
+    }
     assert [len(data[f].train) for f in (0.01, 0.1)] == [5, 48]
-    rows = lambda enc: {tuple(enc.ids[enc.offsets[i]:enc.offsets[i + 1]]) for i in range(len(enc))}  # noqa: E731
+    rows = lambda enc: {tuple(enc.ids[enc.offsets[i] : enc.offsets[i + 1]]) for i in range(len(enc))}  # noqa: E731
     assert rows(data[0.01].train) <= rows(data[0.1].train) <= rows(data[1.0].train)
     assert data[0.01].evals is data[1.0].evals
     again = prepare(TASKS["mnli"], tok, cfg, MIRROR, (1.0,))[1.0]
@@ -189,6 +218,7 @@ def test_caps_and_label_fractions_are_fixed_nested_subsets(vocab_dir):
 
 
 # --- SQuAD 2.0 windows ---------------------------------------------------------------------------------
+
 
 def bert_is_max_context(spans: list[tuple[int, int]], index: int, position: int) -> bool:
     """BERT's run_squad._check_is_max_context, verbatim in logic."""
@@ -212,8 +242,12 @@ def test_max_context_matches_bert():
 
 def test_words_and_piece_offsets(vocab_dir):
     tok = Tokenizer(vocab_dir)
-    assert split_words("  The Normans\u202f(Norman: Nourmands)\n") == [(2, "The"), (6, "Normans"), (14, "(Norman:"),
-                                                                      (23, "Nourmands)")]
+    assert split_words("  The Normans\u202f(Norman: Nourmands)\n") == [
+        (2, "The"),
+        (6, "Normans"),
+        (14, "(Norman:"),
+        (23, "Nourmands)"),
+    ]
     for word in ("Normans", "(Norman:", "Beyoncé", "İstanbul"):
         pieces = word_pieces(tok, word)
         assert [p for p, _, _ in pieces] == tok.encode(word)
@@ -229,7 +263,7 @@ def test_gold_spans_decode_to_the_gold_answers(vocab_dir):
     examples = dev.examples[:300]
     cfg = SquadSettings(doc_stride=32, max_query_len=16, max_answer_len=40)
     windows = squad_windows(tok, examples, 64, cfg, train=False)
-    assert len(windows.encoded) > 2 * len(examples)            # long contexts: several windows each
+    assert len(windows.encoded) > 2 * len(examples)  # long contexts: several windows each
     assert windows.encoded.lengths.max() <= 64
     starts, ends = [], []
     for i in range(len(windows.encoded)):
@@ -261,8 +295,9 @@ def test_a_zero_width_best_span_gives_the_best_non_empty_span_not_no_answer(voca
 
     tok = Tokenizer(vocab_dir)
     context = "The Normans ( Norman : Nourmands ) gave their name to Normandy ."
-    example = SquadExample(qid="q", question="Who gave their name?", context=context, answers=("The Normans",),
-                           answer_start=0)
+    example = SquadExample(
+        qid="q", question="Who gave their name?", context=context, answers=("The Normans",), answer_start=0
+    )
     cfg = SquadSettings(doc_stride=32, max_query_len=16, max_answer_len=30)
     windows = squad_windows(tok, [example], 64, cfg, train=False)
     first, last = windows.char_start[0], windows.char_end[0]
@@ -270,10 +305,10 @@ def test_a_zero_width_best_span_gives_the_best_non_empty_span_not_no_answer(voca
     assert len(empty), "no zero-width piece in this context: pick another one"
     n = windows.encoded.lengths[0]
     start, end = np.zeros(n), np.zeros(n)
-    start[empty[0]] = end[empty[0]] = 9.0                          # the best span covers no character
-    answer = np.flatnonzero(first == 0)[0]                         # "The ...": the best span with text
+    start[empty[0]] = end[empty[0]] = 9.0  # the best span covers no character
+    answer = np.flatnonzero(first == 0)[0]  # "The ...": the best span with text
     start[answer], end[answer + 1] = 5.0, 5.0
-    start[0] = end[0] = 1.0                                        # the null score loses by far
+    start[0] = end[0] = 1.0  # the null score loses by far
     prediction = decode(windows, [start], [end], cfg)["q"]
     assert prediction != "" and context.startswith(prediction)
 

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from electralab.config import FinetuneConfig, SearchSpace, load_params
 from electralab.errors import ConfigError, DataError
@@ -16,8 +17,6 @@ from electralab.finetune.grid import FINAL, Group, HParams, ResultStore, TrialSp
 from electralab.finetune.protocol import plan, summarize
 from electralab.io import fingerprint, write_json
 from electralab.runs import resolve_run
-
-from conftest import ROOT
 
 PARAMS = load_params(ROOT / "params.yaml")
 TINY: FinetuneConfig = PARAMS.presets["tiny"].finetune
@@ -34,8 +33,11 @@ def test_configurations_are_the_full_product_in_a_fixed_order():
 
 
 def finals(values: dict[HParams, list[float]], extra: float = 0.0) -> dict[TrialSpec, dict[str, float]]:
-    return {TrialSpec(Group("rte"), hp, seed): {"accuracy": v, "other": v + extra}
-            for hp, vs in values.items() for seed, v in enumerate(vs, start=1)}
+    return {
+        TrialSpec(Group("rte"), hp, seed): {"accuracy": v, "other": v + extra}
+        for hp, vs in values.items()
+        for seed, v in enumerate(vs, start=1)
+    }
 
 
 def test_the_best_median_wins_and_reports_its_seeds_spread():
@@ -68,9 +70,9 @@ def test_result_store_keeps_finished_trials_for_their_fingerprint(tmp_path):
     assert store.get(spec, "fp1") is None
     store.put(spec, {"fingerprint": "fp1", "history": [{"epoch": 1, "accuracy": 50.0}]})
     assert store.get(spec, "fp1")["history"][0]["accuracy"] == 50.0
-    assert store.get(spec, "fp2") is None                    # other inputs: run it again
+    assert store.get(spec, "fp2") is None  # other inputs: run it again
     store.path(spec).write_text("{truncated", encoding="utf-8")
-    assert store.get(spec, "fp1") is None                    # a torn file is not a result
+    assert store.get(spec, "fp1") is None  # a torn file is not a result
     assert fingerprint("a", 1) == fingerprint("a", 1) != fingerprint("a", 2)
 
 
@@ -81,22 +83,27 @@ def model_dir(tmp_path, fractions=(0.25, 0.5, 1.0)):
     write_json(root / "summary.json", {"wall_hours": 2.0, "device_hours": 4.0, "loss": 1.0})
     for f in fractions:
         (root / "fractions" / f"{round(f * 100):03d}").mkdir(parents=True)
-        write_json(root / "fractions" / f"{round(f * 100):03d}" / "meta.json",
-                   {"fraction": f, "step": 1, "wall_hours": f, "device_hours": 2 * f})
+        write_json(
+            root / "fractions" / f"{round(f * 100):03d}" / "meta.json",
+            {"fraction": f, "step": 1, "wall_hours": f, "device_hours": 2 * f},
+        )
     return root
 
 
 def test_plan_adds_the_extras_of_the_runs_tables(tmp_path):
     root = model_dir(tmp_path)
-    cocolm = plan(resolve_run(PARAMS, "cocolm"), TINY, root)            # coco-lm/fig3: MNLI on its checkpoints
+    cocolm = plan(resolve_run(PARAMS, "cocolm"), TINY, root)  # coco-lm/fig3: MNLI on its checkpoints
     keys, n = [g.key for g in cocolm.groups], len(TINY.tasks)
     assert keys[:n] == list(TINY.tasks)
     assert keys[n:] == ["mnli@ckpt025", "mnli@ckpt050"]
     ablation = plan(resolve_run(PARAMS, "cocolm_ablation"), TINY, root)  # coco-lm/fig7: MNLI on fractions of its labels
     assert [g.key for g in ablation.groups][n:] == ["mnli@labels0.01", "mnli@labels0.1", "mnli@labels0.2"]
-    assert cocolm.hours == {FINAL: {"wall_hours": 2.0, "device_hours": 4.0}, "025": {"wall_hours": 0.25, "device_hours": 0.5},
-                            "050": {"wall_hours": 0.5, "device_hours": 1.0}}
-    assert set(cocolm.encoders) == {FINAL, "025", "050"}                # 100% is the final encoder
+    assert cocolm.hours == {
+        FINAL: {"wall_hours": 2.0, "device_hours": 4.0},
+        "025": {"wall_hours": 0.25, "device_hours": 0.5},
+        "050": {"wall_hours": 0.5, "device_hours": 1.0},
+    }
+    assert set(cocolm.encoders) == {FINAL, "025", "050"}  # 100% is the final encoder
     assert [g.key for g in plan(resolve_run(PARAMS, "amos"), TINY, root).groups][n:] == ["mnli@ckpt025", "mnli@ckpt050"]
     assert len(plan(resolve_run(PARAMS, "teams"), TINY, root).groups) == n
     bare = plan(resolve_run(PARAMS, "mlm"), TINY, model_dir(tmp_path / "bare", fractions=()))
@@ -118,15 +125,24 @@ def test_metrics_file_layout():
         spec = {TrialSpec(Group("x"), hp, 1): medians}
         return select(spec, [hp], next(iter(medians)))
 
-    glue = {"mnli": selection(accuracy=40.0, accuracy_mm=41.0), "qqp": selection(accuracy=70.0, f1=60.0),
-            "qnli": selection(accuracy=50.0), "sst2": selection(accuracy=80.0), "cola": selection(mcc=10.0),
-            "rte": selection(accuracy=55.0), "mrpc": selection(accuracy=68.0, f1=80.0),
-            "stsb": selection(spearman=20.0, pearson=np.nan)}
-    out = summarize({Group(t): s for t, s in glue.items()} | {Group("mnli", "050"): glue["mnli"],
-                                                             Group("mnli", label_fraction=0.01): glue["mnli"]},
-                    {"squad2": "no dev split"}, 12.34)
+    glue = {
+        "mnli": selection(accuracy=40.0, accuracy_mm=41.0),
+        "qqp": selection(accuracy=70.0, f1=60.0),
+        "qnli": selection(accuracy=50.0),
+        "sst2": selection(accuracy=80.0),
+        "cola": selection(mcc=10.0),
+        "rte": selection(accuracy=55.0),
+        "mrpc": selection(accuracy=68.0, f1=80.0),
+        "stsb": selection(spearman=20.0, pearson=np.nan),
+    }
+    out = summarize(
+        {Group(t): s for t, s in glue.items()}
+        | {Group("mnli", "050"): glue["mnli"], Group("mnli", label_fraction=0.01): glue["mnli"]},
+        {"squad2": "no dev split"},
+        12.34,
+    )
     assert out["mnli"] == {"accuracy": 40.0, "accuracy_mm": 41.0}
-    assert out["stsb"] == {"spearman": 20.0, "pearson": None}           # undefined stays null, never 0
+    assert out["stsb"] == {"spearman": 20.0, "pearson": None}  # undefined stays null, never 0
     assert out["glue_avg"] == pytest.approx((40 + 70 + 50 + 80 + 10 + 55 + 68 + 20) / 8)
     assert out["checkpoints"] == {"050": {"mnli": out["mnli"]}}
     assert out["label_fractions"] == {"0.01": {"mnli": out["mnli"]}}

@@ -15,7 +15,7 @@ from electralab.finetune import metrics as M
 def random_labels(seed: int, n: int = 500, classes: int = 2) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     gold = rng.integers(0, classes, n)
-    pred = np.where(rng.random(n) < 0.7, gold, rng.integers(0, classes, n))   # correlated with gold
+    pred = np.where(rng.random(n) < 0.7, gold, rng.integers(0, classes, n))  # correlated with gold
     return pred, gold
 
 
@@ -34,7 +34,7 @@ def test_degenerate_predictions_match_sklearn():
     gold = np.array([0, 1, 1, 0, 1])
     constant = np.ones(5, dtype=int)
     assert M.matthews(constant, gold) == pytest.approx(100 * matthews_corrcoef(gold, constant)) == 0.0
-    none = np.zeros(5, dtype=int)   # no predicted positive: F1 0 (sklearn's zero_division)
+    none = np.zeros(5, dtype=int)  # no predicted positive: F1 0 (sklearn's zero_division)
     assert M.f1_positive(none, gold) == pytest.approx(100 * f1_score(gold, none, zero_division=0)) == 0.0
     assert M.f1_positive(gold, gold) == 100.0
 
@@ -42,9 +42,9 @@ def test_degenerate_predictions_match_sklearn():
 @pytest.mark.parametrize("seed", range(5))
 def test_correlations_match_scipy(seed):
     rng = np.random.default_rng(seed)
-    gold = np.round(rng.uniform(0, 5, 300) * 5) / 5          # STS-B-like scores: many ties
+    gold = np.round(rng.uniform(0, 5, 300) * 5) / 5  # STS-B-like scores: many ties
     pred = gold + rng.normal(0, 1.5, 300)
-    pred[:40] = np.round(pred[:40])                          # ties in the predictions too
+    pred[:40] = np.round(pred[:40])  # ties in the predictions too
     assert M.pearson(pred, gold) == pytest.approx(100 * stats.pearsonr(pred, gold)[0])
     assert M.spearman(pred, gold) == pytest.approx(100 * stats.spearmanr(pred, gold)[0])
     np.testing.assert_allclose(M.average_ranks(gold), stats.rankdata(gold))
@@ -66,23 +66,31 @@ def test_glue_metrics_per_task_and_split():
 
 
 def test_glue_average_is_the_papers_eight_task_mean():
-    medians = {"mnli": {"accuracy": 80.0, "accuracy_mm": 10.0}, "qqp": {"accuracy": 90.0, "f1": 1.0},
-               "qnli": {"accuracy": 85.0}, "sst2": {"accuracy": 92.0}, "cola": {"mcc": 60.0},
-               "rte": {"accuracy": 70.0}, "mrpc": {"accuracy": 88.0, "f1": 2.0},
-               "stsb": {"pearson": 3.0, "spearman": 89.0}, "squad2": {"exact": 4.0}}
+    medians = {
+        "mnli": {"accuracy": 80.0, "accuracy_mm": 10.0},
+        "qqp": {"accuracy": 90.0, "f1": 1.0},
+        "qnli": {"accuracy": 85.0},
+        "sst2": {"accuracy": 92.0},
+        "cola": {"mcc": 60.0},
+        "rte": {"accuracy": 70.0},
+        "mrpc": {"accuracy": 88.0, "f1": 2.0},
+        "stsb": {"pearson": 3.0, "spearman": 89.0},
+        "squad2": {"exact": 4.0},
+    }
     assert M.glue_average(medians) == pytest.approx((80 + 90 + 85 + 92 + 60 + 70 + 88 + 89) / 8)
     del medians["qqp"]
-    assert M.glue_average(medians) is None          # seven tasks: no average
+    assert M.glue_average(medians) is None  # seven tasks: no average
     assert M.glue_average({**medians, "qqp": {"accuracy": None}}) is None
 
 
 # --- SQuAD 2.0 --------------------------------------------------------------------------------------
 
+
 def test_answer_normalisation():
     assert M.normalize_answer("The  Normans!") == "normans"
     assert M.normalize_answer("an apple, a pear and THE end.") == "apple pear and end"
-    assert M.normalize_answer("theory") == "theory"               # articles only as whole words
-    assert M.normalize_answer("Saint-Denis's") == "saintdeniss"   # punctuation removed, not split
+    assert M.normalize_answer("theory") == "theory"  # articles only as whole words
+    assert M.normalize_answer("Saint-Denis's") == "saintdeniss"  # punctuation removed, not split
     assert M.normalize_answer("  ") == ""
 
 
@@ -100,12 +108,12 @@ def test_exact_and_f1_by_hand():
 
 def test_squad_scores_with_several_golds_unanswerable_and_empty_predictions():
     golds = {
-        "q1": ("Denmark, Iceland and Norway", "Denmark", "Norway"),   # several gold answers: the best one counts
+        "q1": ("Denmark, Iceland and Norway", "Denmark", "Norway"),  # several gold answers: the best one counts
         "q2": ("10th century",),
-        "q3": (),                                                     # unanswerable: gold [""]
+        "q3": (),  # unanswerable: gold [""]
         "q4": (),
         "q5": ("Rollo",),
-        "q6": ("a",),           # normalises to "": counts as gold [""] for scoring, but HasAns (answers given)
+        "q6": ("a",),  # normalises to "": counts as gold [""] for scoring, but HasAns (answers given)
     }
     predictions = {"q1": "Norway", "q2": "the 10th century AD", "q3": "", "q4": "Rollo", "q5": "", "q6": ""}
     # q1 EM 1 F1 1; q2 EM 0, F1 vs "10th century": pred tokens [10th, century, ad] -> P 2/3, R 1, F1 0.8;
@@ -128,6 +136,7 @@ def test_squad_omits_empty_breakdowns_and_refuses_missing_predictions():
 
 # --- diverged models and malformed inputs -------------------------------------------------------------
 
+
 def test_a_non_finite_prediction_has_no_correlation():
     """A model that diverged to NaN: Spearman used to rank NaN as the largest value and score it (8.25
     on STS-B dev); Pearson and Spearman are both undefined, as any metric of a non-finite output."""
@@ -135,7 +144,8 @@ def test_a_non_finite_prediction_has_no_correlation():
     for bad in (np.full(50, np.nan), np.r_[np.full(10, np.nan), gold[10:]], np.r_[np.inf, gold[1:]]):
         assert np.isnan(M.spearman(bad, gold)) and np.isnan(M.pearson(bad, gold))
     assert M.glue_metrics("stsb", np.full(50, np.nan), gold) == pytest.approx(
-        {"pearson": np.nan, "spearman": np.nan}, nan_ok=True)
+        {"pearson": np.nan, "spearman": np.nan}, nan_ok=True
+    )
 
 
 @pytest.mark.parametrize("metric", [M.accuracy, M.f1_positive, M.matthews, M.pearson, M.spearman])

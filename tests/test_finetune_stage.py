@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import ROOT, mirror_root
+from project_helpers import stage_args
 
 from electralab.config import EncoderConfig, SquadSettings, TrialResources, load_params
 from electralab.errors import TrialsFailed
@@ -23,27 +25,44 @@ from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.runs import resolve_run
 from electralab.tables import REGISTRY
 
-from conftest import ROOT, mirror_root
-from project_helpers import stage_args
-
-TASK_METRICS = {"mnli": ("accuracy", "accuracy_mm"), "qnli": ("accuracy",), "sst2": ("accuracy",), "cola": ("mcc",),
-                "rte": ("accuracy",), "mrpc": ("accuracy", "f1"), "stsb": ("pearson", "spearman"),
-                "squad2": ("exact", "f1", "has_ans_exact", "has_ans_f1", "no_ans_exact", "no_ans_f1")}
+TASK_METRICS = {
+    "mnli": ("accuracy", "accuracy_mm"),
+    "qnli": ("accuracy",),
+    "sst2": ("accuracy",),
+    "cola": ("mcc",),
+    "rte": ("accuracy",),
+    "mrpc": ("accuracy", "f1"),
+    "stsb": ("pearson", "spearman"),
+    "squad2": ("exact", "f1", "has_ans_exact", "has_ans_f1", "no_ans_exact", "no_ans_f1"),
+}
 TINY_GRID = {"lr": [1.0e-3, 3.0e-4], "epochs": [2], "batch_size": [8], "warmup": [0.1]}
 # The tiny preset's finetune section, shrunk: 16 examples per split, 64-token sequences, every task.
 FINETUNE = {
-    "tasks": ["mnli", "qqp", *(t for t in TASK_METRICS if t != "mnli")],   # QQP: no dev split offline
+    "tasks": ["mnli", "qqp", *(t for t in TASK_METRICS if t != "mnli")],  # QQP: no dev split offline
     "grids": {"glue_small": TINY_GRID, "glue_large": TINY_GRID, "squad2": {**TINY_GRID, "epochs": [1]}},
-    "max_seq_len": 64, "max_train_examples": 16, "max_eval_examples": 16, "eval_batch_size": 32,
+    "max_seq_len": 64,
+    "max_train_examples": 16,
+    "max_eval_examples": 16,
+    "eval_batch_size": 32,
     "squad": {"doc_stride": 32, "max_query_len": 16, "max_train_questions": 8, "max_eval_questions": 8},
-    "few_shot_fractions": [0.1], "resources": {"cpus": 1, "gpus": 0, "local_cpus": 2}, "max_failures": 1,
+    "few_shot_fractions": [0.1],
+    "resources": {"cpus": 1, "gpus": 0, "local_cpus": 2},
+    "max_failures": 1,
 }
 
 
 def tiny_encoder(vocab_size: int, seed: int) -> Encoder:
     torch.manual_seed(seed)
-    cfg = EncoderConfig(hidden=16, layers=2, heads=2, ffn=32, embedding=16, max_positions=64, relative_buckets=8,
-                        relative_max_distance=16)
+    cfg = EncoderConfig(
+        hidden=16,
+        layers=2,
+        heads=2,
+        ffn=32,
+        embedding=16,
+        max_positions=64,
+        relative_buckets=8,
+        relative_max_distance=16,
+    )
     return Encoder(cfg, make_token_embedding(vocab_size, cfg.embedding))
 
 
@@ -56,12 +75,21 @@ def models(tmp_path_factory, vocab_dir) -> Path:
     root = tmp_path_factory.mktemp("models") / "run"
     vocab = Tokenizer(vocab_dir).vocab_size
     save_encoder(tiny_encoder(vocab, 0), root / "encoder", vocab_dir)
-    write_json(root / "summary.json", {"wall_hours": 0.5, "device_hours": 0.5, "steps": 100,
-                                       "mlflow_run_id": "the-pretraining-run"})
+    write_json(
+        root / "summary.json",
+        {"wall_hours": 0.5, "device_hours": 0.5, "steps": 100, "mlflow_run_id": "the-pretraining-run"},
+    )
     for pct, seed in (("050", 1), ("100", 0)):
         save_encoder(tiny_encoder(vocab, seed), root / "fractions" / pct / "encoder")
-        write_json(root / "fractions" / pct / "meta.json",
-                   {"fraction": int(pct) / 100, "step": int(pct), "wall_hours": int(pct) / 200, "device_hours": int(pct) / 100})
+        write_json(
+            root / "fractions" / pct / "meta.json",
+            {
+                "fraction": int(pct) / 100,
+                "step": int(pct),
+                "wall_hours": int(pct) / 200,
+                "device_hours": int(pct) / 100,
+            },
+        )
     return root
 
 
@@ -106,8 +134,9 @@ def env(monkeypatch, mlflow_uri):
     def use(root: Path) -> None:
         monkeypatch.setenv("DVC_ROOT", str(root))
         monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
-        monkeypatch.setenv("ELECTRALAB_DATA", str(mirror_root()))   # absolute, before the chdir
-        monkeypatch.chdir(root)          # dvc.yaml's paths are relative to the project root
+        monkeypatch.setenv("ELECTRALAB_DATA", str(mirror_root()))  # absolute, before the chdir
+        monkeypatch.chdir(root)  # dvc.yaml's paths are relative to the project root
+
     return use
 
 
@@ -127,15 +156,18 @@ def search(uri: str, run: str, stage: str):
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    return mlflow.search_runs(experiment_names=["electralab-tiny"],
-                              filter_string=f"tags.stage = '{stage}' and tags.run = '{run}'")
+    return mlflow.search_runs(
+        experiment_names=["electralab-tiny"], filter_string=f"tags.stage = '{stage}' and tags.run = '{run}'"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
-        tmp_path, models, env, mlflow_uri, local_ray, monkeypatch):
+    tmp_path, models, env, mlflow_uri, local_ray, monkeypatch
+):
     from mlflow import MlflowClient
 
     from electralab.report.build import fetch_results
@@ -158,17 +190,19 @@ def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
     assert set(out["checkpoints"]) == {"050"} and set(out["checkpoints"]["050"]["mnli"]) == {"accuracy", "accuracy_mm"}
     assert set(out["label_fractions"]) == {"0.1"}
     assert out["trials"] == 8 * 2 * 5 + 5 + 5
-    assert not (root / "checkpoints" / "finetune" / "cocolm").exists()     # scratch cleared on success
+    assert not (root / "checkpoints" / "finetune" / "cocolm").exists()  # scratch cleared on success
 
     parents = search(mlflow_uri, "cocolm", "finetune")
     children = search(mlflow_uri, "cocolm", "finetune-trial")
     client = MlflowClient(mlflow_uri)
     assert (parents["status"] == "FINISHED").all() and (children["status"] == "FINISHED").all()
     key = parents["tags.task"] + "@" + parents["tags.checkpoint"] + "@" + parents["tags.label_fraction"]
-    assert sorted(key) == sorted([f"{t}@final@1.0" for t in [*TASK_METRICS, "qqp"]] + ["mnli@050@1.0", "mnli@final@0.1"])
+    assert sorted(key) == sorted(
+        [f"{t}@final@1.0" for t in [*TASK_METRICS, "qqp"]] + ["mnli@050@1.0", "mnli@final@0.1"]
+    )
     for _, parent in parents.iterrows():
         tags = {k.removeprefix("tags."): v for k, v in parent.items() if k.startswith("tags.")}
-        assert {tags["run"], tags["method"], tags["preset"], tags["seed"]} == {"cocolm", "cocolm", "tiny", "1,2,3,4,5"}
+        assert {tags["run"], tags["method"], tags["preset"], tags["seed"]} == {"cocolm", "tiny", "1,2,3,4,5"}
         assert "coco-lm/fig7" in tags["tables"] and tags["git_sha"]
         if tags["task"] == "qqp":
             assert "no dev split" in tags["missing"] and np.isnan(parent.get("metrics.median_accuracy", np.nan))
@@ -180,8 +214,10 @@ def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
         for metric in TASK_METRICS[task]:
             for stat in ("median", "std", "min", "max"):
                 # a constant prediction has no correlation: not logged (NaN), never a number
-                assert np.isfinite(parent.get(f"metrics.{stat}_{metric}", np.nan)) or metric in ("pearson", "spearman"), \
-                    (key, metric)
+                assert np.isfinite(parent.get(f"metrics.{stat}_{metric}", np.nan)) or metric in (
+                    "pearson",
+                    "spearman",
+                ), (key, metric)
         assert parent["metrics.num_train_examples"] > 0 and parent["metrics.num_eval_examples"] > 0
         # the median is the median of the selected configuration's children, at their last evaluation
         selected = mine[mine["tags.config"] == parent["params.selected.config"]]
@@ -193,15 +229,15 @@ def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
         medians = client.download_artifacts(parent["run_id"], "medians.csv", str(tmp_path / parent["run_id"]))
         assert len(Path(medians).read_text().strip().splitlines()) == 1 + (1 if extra else 2)
     fraction = parents[parents["tags.checkpoint"] == "050"].iloc[0]
-    assert (fraction["metrics.wall_hours"], fraction["metrics.device_hours"]) == (0.25, 0.5)   # from its meta.json
+    assert (fraction["metrics.wall_hours"], fraction["metrics.device_hours"]) == (0.25, 0.5)  # from its meta.json
     few = parents[parents["tags.label_fraction"] == "0.1"].iloc[0]
-    assert few["metrics.num_train_examples"] == 16 and few["metrics.num_train_available"] == 480   # 10% of 480, capped
+    assert few["metrics.num_train_examples"] == 16 and few["metrics.num_train_available"] == 480  # 10% of 480, capped
 
     child = children.iloc[0]
     assert {"params.lr", "params.epochs", "params.batch_size", "params.warmup", "params.seed"} <= set(children.columns)
     epochs = int(child["params.epochs"])
     assert [m.step for m in client.get_metric_history(child["run_id"], "train_loss")] == list(range(1, epochs + 1))
-    metric = TASK_METRICS[child["tags.task"]][0]                           # tiny: eval_every_epoch false
+    metric = TASK_METRICS[child["tags.task"]][0]  # tiny: eval_every_epoch false
     assert [m.step for m in client.get_metric_history(child["run_id"], metric)] == [epochs]
 
     # the report reads these parents as they are
@@ -231,7 +267,7 @@ def test_a_binary_glue_dev_file_is_a_named_error(tmp_path, models, env, capsys, 
     rte = tmp_path / "mirror" / "glue" / "RTE"
     rte.mkdir(parents=True)
     shutil.copy(mirror_root() / "glue" / "RTE" / "train.tsv", rte)
-    (rte / "dev.tsv").write_bytes(bytes(range(256)) * 8)          # not text at all
+    (rte / "dev.tsv").write_bytes(bytes(range(256)) * 8)  # not text at all
     monkeypatch.setenv("ELECTRALAB_DATA", str(tmp_path / "mirror"))
     stage = load_stage()
     with pytest.raises(SystemExit) as exit_info:
@@ -242,15 +278,16 @@ def test_a_binary_glue_dev_file_is_a_named_error(tmp_path, models, env, capsys, 
     assert not (root / "metrics").exists()
 
 
-def test_a_requested_task_without_its_dev_file_fails_the_stage_unless_allowed(tmp_path, models, env, capsys,
-                                                                             monkeypatch, local_ray, mlflow_uri):
+def test_a_requested_task_without_its_dev_file_fails_the_stage_unless_allowed(
+    tmp_path, models, env, capsys, monkeypatch, local_ray, mlflow_uri
+):
     """A missing GLUE dev file used to exit 0 with the task recorded as missing: `dvc repro` and the flow
     reported success. Now the stage stops before any trial, naming the file and the flag that allows it."""
     root = make_project(tmp_path, models, "mlm", tasks=["rte"], efficiency_tasks=["rte"], few_shot_tasks=["rte"])
     env(root)
     rte = tmp_path / "mirror" / "glue" / "RTE"
     rte.mkdir(parents=True)
-    shutil.copy(mirror_root() / "glue" / "RTE" / "train.tsv", rte)          # no dev.tsv
+    shutil.copy(mirror_root() / "glue" / "RTE" / "train.tsv", rte)  # no dev.tsv
     monkeypatch.setenv("ELECTRALAB_DATA", str(tmp_path / "mirror"))
     stage = load_stage()
     args = argv(root, "mlm")
@@ -258,7 +295,9 @@ def test_a_requested_task_without_its_dev_file_fails_the_stage_unless_allowed(tm
         stage.run_stage("finetune", stage.main, args, stage.arguments)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
-    assert "requested task(s) cannot run (rte: no dev split: glue/RTE/dev.tsv is not in the ELECTRALAB_DATA mirror" in err
+    assert (
+        "requested task(s) cannot run (rte: no dev split: glue/RTE/dev.tsv is not in the ELECTRALAB_DATA mirror" in err
+    )
     assert "set ELECTRALAB_ALLOW_MISSING=1" in err and not (root / "metrics").exists()
 
     monkeypatch.setenv("ELECTRALAB_ALLOW_MISSING", "1")
@@ -268,7 +307,9 @@ def test_a_requested_task_without_its_dev_file_fails_the_stage_unless_allowed(tm
     # which MLflow runs these are, and of which pretraining run (the report reads only those)
     assert out["mlflow"]["pretrain_run_id"] == "the-pretraining-run"
     parents = search(mlflow_uri, "mlm", "finetune").set_index("run_id")
-    assert set(out["mlflow"]["parents"]) == set(out["missing"]) and set(out["mlflow"]["parents"].values()) <= set(parents.index)
+    assert set(out["mlflow"]["parents"]) == set(out["missing"]) and set(out["mlflow"]["parents"].values()) <= set(
+        parents.index
+    )
     assert (parents.loc[list(out["mlflow"]["parents"].values()), "tags.pretrain_run_id"] == "the-pretraining-run").all()
 
 
@@ -299,10 +340,12 @@ def test_a_killed_grids_parent_is_resumed_or_closed_killed_not_left_running(tmp_
 # --------------------------------------------------------------------------------------------------
 # Retries, interruption, resume
 
+
 def recording_trainable(record_dir: str, fail_always: str = "", fail_once: str = ""):
     """The real trainable, recording every attempt in record_dir; trials whose key contains every
     "*"-separated part of `fail_always` always raise, the one whose key is `fail_once` raises on its
     first attempt."""
+
     def fn(config, **kwargs):
         from pathlib import Path as P
 
@@ -313,9 +356,12 @@ def recording_trainable(record_dir: str, fail_always: str = "", fail_once: str =
         attempt = P(record_dir) / key.replace("/", "|")
         attempts = int(attempt.read_text()) + 1 if attempt.exists() else 1
         attempt.write_text(str(attempts))
-        if (fail_always and all(part in key for part in fail_always.split("*"))) or (key == fail_once and attempts == 1):
+        if (fail_always and all(part in key for part in fail_always.split("*"))) or (
+            key == fail_once and attempts == 1
+        ):
             raise RuntimeError(f"injected failure of {key}")
         return trainable(config, **kwargs)
+
     return fn
 
 
@@ -327,9 +373,9 @@ def attempts(record_dir: Path) -> dict[str, int]:
 def test_failed_trials_are_retried_and_an_interrupted_grid_resumes(tmp_path, models, env, monkeypatch, local_ray):
     from electralab.finetune.protocol import finetune
 
-    root = make_project(tmp_path, models, "mlm", tasks=["mnli", "rte"])   # mlm: + MNLI on checkpoint 050
+    root = make_project(tmp_path, models, "mlm", tasks=["mnli", "rte"])  # mlm: + MNLI on checkpoint 050
     env(root)
-    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"   # a store of its own: it counts every parent of `mlm`
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # a store of its own: it counts every parent of `mlm`
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     params = load_params(root / "params.yaml")
     run, cfg = resolve_run(params, "mlm"), params.active.finetune
@@ -341,25 +387,37 @@ def test_failed_trials_are_retried_and_an_interrupted_grid_resumes(tmp_path, mod
 
     # 1st run: one MNLI trial fails once (retried), one RTE trial on every attempt: the grid stops
     broken = "rte/lr=0.001,epochs=2,bs=8,warmup=0.1/seed=3"
-    with pytest.raises(TrialsFailed, match=r"1 trial\(s\) failed after 1 retries, e\.g\. rte/lr=0\.001,.*seed=3: "
-                                           r"RuntimeError: injected failure .*error\.txt"):
-        finetune(run, cfg, models, scratch, mirror_root(), show_progress=False,
-                 trainable_fn=recording_trainable(str(first), fail_always=broken, fail_once=flaky))
+    with pytest.raises(
+        TrialsFailed,
+        match=r"1 trial\(s\) failed after 1 retries, e\.g\. rte/lr=0\.001,.*seed=3: "
+        r"RuntimeError: injected failure .*error\.txt",
+    ):
+        finetune(
+            run,
+            cfg,
+            models,
+            scratch,
+            mirror_root(),
+            show_progress=False,
+            trainable_fn=recording_trainable(str(first), fail_always=broken, fail_once=flaky),
+        )
     tried = attempts(first)
-    assert tried[flaky] == 2 and tried[broken] == 2                           # each retried once
-    assert len(tried) == 20 and sum(tried.values()) == 22                      # phase 2 never started
+    assert tried[flaky] == 2 and tried[broken] == 2  # each retried once
+    assert len(tried) == 20 and sum(tried.values()) == 22  # phase 2 never started
     parents = search(mlflow_uri, "mlm", "finetune")
     assert sorted(parents["tags.task"]) == ["mnli", "rte"] and (parents["status"] == "FAILED").all()
     assert "injected failure" in parents["tags.error"].iloc[0]
     assert (scratch / "results").is_dir() and not (root / "metrics").exists()
 
     # 2nd run: only what did not finish runs; the same parents continue, no child is logged twice
-    summary = finetune(run, cfg, models, scratch, mirror_root(), show_progress=False,
-                       trainable_fn=recording_trainable(str(second)))
+    summary = finetune(
+        run, cfg, models, scratch, mirror_root(), show_progress=False, trainable_fn=recording_trainable(str(second))
+    )
     selected = search(mlflow_uri, "mlm", "finetune").query("`tags.task` == 'mnli' and `tags.checkpoint` == 'final'")
     lr = selected["params.selected.lr"].iloc[0]
-    assert sorted(attempts(second)) == sorted([broken, *[f"mnli@ckpt050/lr={lr},epochs=2,bs=8,warmup=0.1/seed={s}"
-                                                         for s in range(1, 6)]])
+    assert sorted(attempts(second)) == sorted(
+        [broken, *[f"mnli@ckpt050/lr={lr},epochs=2,bs=8,warmup=0.1/seed={s}" for s in range(1, 6)]]
+    )
     assert set(summary) >= {"mnli", "rte", "checkpoints"} and summary["trials"] == 25
     after = search(mlflow_uri, "mlm", "finetune")
     assert set(parents["run_id"]) <= set(after["run_id"]) and (after["status"] == "FINISHED").all()
@@ -373,6 +431,7 @@ def test_failed_trials_are_retried_and_an_interrupted_grid_resumes(tmp_path, mod
 # --------------------------------------------------------------------------------------------------
 # The trial loop, in-process
 
+
 @pytest.mark.usefixtures("single_thread")
 def test_the_trial_loop_learns_and_dynamic_padding_changes_nothing(vocab_dir):
     from electralab.data.vocab import Tokenizer
@@ -383,14 +442,18 @@ def test_the_trial_loop_learns_and_dynamic_padding_changes_nothing(vocab_dir):
     from electralab.finetune.trial import TrialSettings, run_trial
 
     tok = Tokenizer(vocab_dir)
-    cfg = dataclasses.replace(load_params(ROOT / "params.yaml").presets["tiny"].finetune, max_seq_len=64,
-                              max_train_examples=64, max_eval_examples=64)
+    cfg = dataclasses.replace(
+        load_params(ROOT / "params.yaml").presets["tiny"].finetune,
+        max_seq_len=64,
+        max_train_examples=64,
+        max_eval_examples=64,
+    )
     data = prepare(TASKS["sst2"], tok, cfg, mirror_root())[1.0]
     encoder = tiny_encoder(tok.vocab_size, 0)
     settings = dataclasses.replace(TrialSettings.of(cfg), eval_every_epoch=True)
     history = run_trial(data, encoder, HParams(3e-3, 25, 16, 0.1), seed=1, settings=settings)
     assert [h["epoch"] for h in history] == list(range(1, 26)) and all("accuracy" in h for h in history)
-    assert history[0]["train_loss"] > 0.6 and history[-1]["train_loss"] < 0.2   # it fits its training set
+    assert history[0]["train_loss"] > 0.6 and history[-1]["train_loss"] < 0.2  # it fits its training set
 
     model = FinetuneModel(tiny_encoder(tok.vocab_size, 0), TASKS["sst2"]).eval()
     index = np.arange(16)
@@ -412,10 +475,15 @@ def test_trials_never_wait_for_resources_the_cluster_lacks(local_ray):
 
 
 @pytest.mark.usefixtures("single_thread")
-@pytest.mark.parametrize("export,on_top,layers", [("mws", False, 12), ("rtd", False, 12), ("mws", True, 13)],
-                         ids=["TEAMS MWS branch", "RTD head outputs", "task head on 12th layer"])
+@pytest.mark.parametrize(
+    "export,on_top,layers",
+    [("mws", False, 12), ("rtd", False, 12), ("mws", True, 13)],
+    ids=["TEAMS MWS branch", "RTD head outputs", "task head on 12th layer"],
+)
 def test_any_runs_export_fine_tunes(tmp_path, vocab_dir, export, on_top, layers):
     """The main Transformer as each TEAMS variant exports it goes through save/load into a trial."""
+    from helpers import tiny_generators, tiny_model
+
     from electralab.data.vocab import Tokenizer
     from electralab.export import load_encoder
     from electralab.finetune.data import prepare
@@ -424,24 +492,27 @@ def test_any_runs_export_fine_tunes(tmp_path, vocab_dir, export, on_top, layers)
     from electralab.finetune.trial import TrialSettings, run_trial
     from electralab.objectives.teams import Teams
 
-    from helpers import tiny_generators, tiny_model
-
     tok = Tokenizer(vocab_dir)
     torch.manual_seed(0)
     teams = Teams(tiny_model(), tiny_generators(), tok.vocab_size, Teams.Settings(export=export, heads_on_top=on_top))
     save_encoder(teams.main_encoder(), tmp_path / "encoder", vocab_dir)
     encoder = load_encoder(tmp_path / "encoder")
     assert len(encoder.layers) == layers
-    cfg = dataclasses.replace(load_params(ROOT / "params.yaml").presets["tiny"].finetune, max_seq_len=64,
-                              max_train_examples=32, max_eval_examples=32)
+    cfg = dataclasses.replace(
+        load_params(ROOT / "params.yaml").presets["tiny"].finetune,
+        max_seq_len=64,
+        max_train_examples=32,
+        max_eval_examples=32,
+    )
     data = prepare(TASKS["rte"], Tokenizer(tmp_path / "encoder"), cfg, mirror_root())[1.0]
     history = run_trial(data, encoder, HParams(1e-3, 1, 16, 0.1), seed=1, settings=TrialSettings.of(cfg))
     assert 0 <= history[-1]["accuracy"] <= 100
 
 
 @pytest.mark.usefixtures("single_thread")
-def test_a_diverged_model_scores_nan_never_wins_selection_and_leaves_no_glue_average(vocab_dir, tmp_path, models, env,
-                                                                                     mlflow_uri):
+def test_a_diverged_model_scores_nan_never_wins_selection_and_leaves_no_glue_average(
+    vocab_dir, tmp_path, models, env, mlflow_uri
+):
     """A model that diverged to NaN through evaluation and grid selection: every metric of it is NaN (STS-B's
     Spearman used to be 8.45 and beat a weak real configuration), a real configuration wins although the
     diverged one comes first in the grid, and the GLUE average stays undefined."""
@@ -454,9 +525,13 @@ def test_a_diverged_model_scores_nan_never_wins_selection_and_leaves_no_glue_ave
     from electralab.finetune.trial import TrialSettings, evaluate
 
     tok = Tokenizer(vocab_dir)
-    cfg = dataclasses.replace(load_params(ROOT / "params.yaml").presets["tiny"].finetune, max_seq_len=64,
-                              max_train_examples=16, max_eval_examples=128,
-                              squad=SquadSettings(doc_stride=32, max_query_len=16, max_eval_questions=16))
+    cfg = dataclasses.replace(
+        load_params(ROOT / "params.yaml").presets["tiny"].finetune,
+        max_seq_len=64,
+        max_train_examples=16,
+        max_eval_examples=128,
+        squad=SquadSettings(doc_stride=32, max_query_len=16, max_eval_questions=16),
+    )
     settings = TrialSettings.of(cfg)
     diverged, weak = HParams(1e-3, 2, 32, 0.1), HParams(3e-4, 2, 32, 0.1)
     selections = {}
@@ -472,7 +547,9 @@ def test_a_diverged_model_scores_nan_never_wins_selection_and_leaves_no_glue_ave
             nan_metrics = evaluate(FinetuneModel(broken, task), data, settings, torch.device("cpu"))
             assert nan_metrics and all(np.isnan(v) for v in nan_metrics.values()), (name, nan_metrics)
             finals[TrialSpec(Group(name), diverged, seed)] = nan_metrics
-            real = evaluate(FinetuneModel(tiny_encoder(tok.vocab_size, seed), task), data, settings, torch.device("cpu"))
+            real = evaluate(
+                FinetuneModel(tiny_encoder(tok.vocab_size, seed), task), data, settings, torch.device("cpu")
+            )
             assert all(np.isfinite(v) for v in real.values()), (name, real)
             finals[TrialSpec(Group(name), weak, seed)] = real
         selections[Group(name)] = selection = select(finals, [diverged, weak], task.main_metric)

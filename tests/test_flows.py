@@ -17,23 +17,32 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT
-from ops_helpers import (ABLATION, ABLATION_RUNS, FLOW_TIMEOUT, api, flow_env, flow_run_named, make_project,
-                         reproduce_cmd, task_runs)
+from ops_helpers import (
+    ABLATION,
+    ABLATION_RUNS,
+    FLOW_TIMEOUT,
+    api,
+    flow_env,
+    flow_run_named,
+    make_project,
+    reproduce_cmd,
+    task_runs,
+)
 from project_helpers import BIN, run, set_param
 
 sys.path.insert(0, str(ROOT / "flows"))
-from workspace import StageFailed, make_plan, targets  # noqa: E402
-from reproduce import retry_unless_bad_input  # noqa: E402
 from deployments import DEPLOYMENTS  # noqa: E402
+from reproduce import retry_unless_bad_input  # noqa: E402
+from workspace import StageFailed, make_plan, targets  # noqa: E402
 
 from electralab.errors import ConfigError  # noqa: E402
 
 
 def flow(project: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(reproduce_cmd(*args), cwd=project, env=env, capture_output=True, text=True,
-                          timeout=FLOW_TIMEOUT)
+    return subprocess.run(
+        reproduce_cmd(*args), cwd=project, env=env, capture_output=True, text=True, timeout=FLOW_TIMEOUT
+    )
 
 
 def ran(output: str) -> list[str]:
@@ -52,6 +61,7 @@ def mlflow_runs(db: Path, experiment: str = "electralab-tiny"):
 
 # ---- the plan: validated before anything runs -----------------------------------------------------------
 
+
 def test_plan_puts_producers_first_and_every_target_is_a_stage_of_dvc_yaml():
     plan = make_plan(ROOT, tables=["amos/table8"])
     assert plan.preset == "tiny" and plan.in_place and plan.workspace == ROOT
@@ -63,14 +73,26 @@ def test_plan_puts_producers_first_and_every_target_is_a_stage_of_dvc_yaml():
     assert not other.in_place and other.workspace == ROOT / ".electralab" / "workspaces" / "small"
 
     assert targets(("cocolm", "cocolm_no_copy")) == [
-        "corpus", "shards", "pretrain@cocolm", "finetune@cocolm", "export@cocolm", "pretrain@cocolm_no_copy",
-        "finetune@cocolm_no_copy", "export@cocolm_no_copy", "report"]
+        "corpus",
+        "shards",
+        "pretrain@cocolm",
+        "finetune@cocolm",
+        "export@cocolm",
+        "pretrain@cocolm_no_copy",
+        "finetune@cocolm_no_copy",
+        "export@cocolm_no_copy",
+        "report",
+    ]
     # The flow runs every target it plans, without asking DVC first: each must be a stage of dvc.yaml, whose
     # per-run stages are one per run of params.yaml.
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     names = {name for name, stage in dvc.items() if "foreach" not in stage}
-    names |= {f"{name}@{run}" for name, stage in dvc.items() if stage.get("foreach") == "${runs}"
-              for run in yaml.safe_load((ROOT / "params.yaml").read_text())["runs"]}
+    names |= {
+        f"{name}@{run}"
+        for name, stage in dvc.items()
+        if stage.get("foreach") == "${runs}"
+        for run in yaml.safe_load((ROOT / "params.yaml").read_text())["runs"]
+    }
     assert set(targets(every.runs)) <= names, set(targets(every.runs)) - names
 
 
@@ -83,24 +105,45 @@ def test_targets_print_without_prefect(tmp_path):
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name.split('.')[0] == 'prefect':\n"
         "            raise ImportError(f'{name}: refused by the test')\n"
-        "sys.meta_path.insert(0, NoPrefect())\n", encoding="utf-8")
+        "sys.meta_path.insert(0, NoPrefect())\n",
+        encoding="utf-8",
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}
-    refused = subprocess.run([sys.executable, "-c", "import prefect"], cwd=ROOT, env=env, capture_output=True,
-                             text=True, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, "-c", "import prefect"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode == 1 and "prefect: refused by the test" in refused.stderr, refused.stderr
-    proc = subprocess.run([sys.executable, "flows/reproduce.py", "--tables", "coco-lm/table1", "--targets"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "flows/reproduce.py", "--tables", "coco-lm/table1", "--targets"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = [f"{stage}@{run}" for run in ("control", "mlm", "electra", "cocolm")
-            for stage in ("pretrain", "finetune", "export")]
+    runs = [
+        f"{stage}@{run}"
+        for run in ("control", "mlm", "electra", "cocolm")
+        for stage in ("pretrain", "finetune", "export")
+    ]
     assert proc.stdout.split() == ["corpus", "shards", *runs]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"preset": "huge"}, r"preset 'huge' is not a preset of .*params.yaml; choose one of \['tiny', 'small', 'base'"),
-    ({"tables": ["coco-lm/table9"]}, r"table 'coco-lm/table9' is not a table; choose from: coco-lm/table1, "),
-    ({"runs": ["mlm", "no_such_run"]}, r"run 'no_such_run' is not in params.yaml runs; known runs: control, mlm, electra, "),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"preset": "huge"},
+            r"preset 'huge' is not a preset of .*params.yaml; choose one of \['tiny', 'small', 'base'",
+        ),
+        ({"tables": ["coco-lm/table9"]}, r"table 'coco-lm/table9' is not a table; choose from: coco-lm/table1, "),
+        (
+            {"runs": ["mlm", "no_such_run"]},
+            r"run 'no_such_run' is not in params.yaml runs; known runs: control, mlm, electra, ",
+        ),
+    ],
+)
 def test_the_plan_names_a_bad_value_and_the_allowed_ones(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         make_plan(ROOT, **kwargs)
@@ -115,20 +158,26 @@ def test_a_flow_with_a_bad_preset_table_or_run_fails_in_prefect_before_any_work(
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "error: preset 'huge' is not a preset of" in proc.stderr and "'tiny', 'small'" in proc.stderr
     # The flow API too (a deployment's parameters reach the flow function, not the CLI).
-    code = ("import sys; sys.path.insert(0, 'flows'); from reproduce import reproduce\n"
-            "for kw in ({'tables': ['amos/table99']}, {'runs': ['mlm', 'nope']}):\n"
-            "    try: reproduce(**kw)\n"
-            "    except Exception as e: print(type(e).__name__, e)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True,
-                          timeout=FLOW_TIMEOUT)
+    code = (
+        "import sys; sys.path.insert(0, 'flows'); from reproduce import reproduce\n"
+        "for kw in ({'tables': ['amos/table99']}, {'runs': ['mlm', 'nope']}):\n"
+        "    try: reproduce(**kw)\n"
+        "    except Exception as e: print(type(e).__name__, e)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True, timeout=FLOW_TIMEOUT
+    )
     assert "ConfigError table 'amos/table99' is not a table; choose from: coco-lm/table1" in proc.stdout, proc.stderr
     assert "ConfigError run 'nope' is not in params.yaml runs; known runs: control, mlm, electra" in proc.stdout
 
-    for name, value in (("huge: mlm", "'huge'"), ("params.yaml: amos/table99", "'amos/table99'"),
-                        ("params.yaml: mlm, nope", "'nope'")):
+    for name, value in (
+        ("huge: mlm", "'huge'"),
+        ("params.yaml: amos/table99", "'amos/table99'"),
+        ("params.yaml: mlm, nope", "'nope'"),
+    ):
         flow_run = flow_run_named(prefect_api, name)
         assert flow_run["state_type"] == "FAILED" and value in flow_run["state"]["message"], flow_run["state"]
-        assert task_runs(prefect_api, flow_run["id"]) == []              # not one stage started
+        assert task_runs(prefect_api, flow_run["id"]) == []  # not one stage started
     assert ((project / "dvc.yaml").stat().st_mtime_ns, sorted(p.name for p in project.iterdir())) == before
 
 
@@ -141,53 +190,70 @@ def test_a_flow_run_cannot_be_pointed_at_another_directory(tmp_path, prefect_api
     before = sorted(p.name for p in other.iterdir())
     proc = flow(project, env, "--project", str(other), "--runs", "mlm")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"error: project '{other}' is not this flow's project ({project}) nor listed in $ELECTRALAB_PROJECTS" \
+    assert (
+        f"error: project '{other}' is not this flow's project ({project}) nor listed in $ELECTRALAB_PROJECTS"
         in proc.stderr
+    )
     flow_run = flow_run_named(prefect_api, "params.yaml: mlm")
     assert flow_run["state_type"] == "FAILED" and task_runs(prefect_api, flow_run["id"]) == []
-    assert sorted(p.name for p in other.iterdir()) == before                # nothing ran there
-    listed = flow(project, {**env, "ELECTRALAB_PROJECTS": str(other)}, "--project", str(other), "--runs", "mlm",
-                  "--targets")
-    assert listed.returncode == 0 and listed.stdout.split() == ["corpus", "shards", "pretrain@mlm", "finetune@mlm", "export@mlm"]
+    assert sorted(p.name for p in other.iterdir()) == before  # nothing ran there
+    listed = flow(
+        project, {**env, "ELECTRALAB_PROJECTS": str(other)}, "--project", str(other), "--runs", "mlm", "--targets"
+    )
+    assert listed.returncode == 0 and listed.stdout.split() == [
+        "corpus",
+        "shards",
+        "pretrain@mlm",
+        "finetune@mlm",
+        "export@mlm",
+    ]
 
 
 # ---- schedules ----------------------------------------------------------------------------------------
 
+
 def test_the_cron_schedules_of_the_deployments_produce_scheduled_flow_runs_and_the_scheduler_logs_no_errors(
-        tmp_path, prefect_server):
+    tmp_path, prefect_server
+):
     """Scheduled flows in the Prefect UI need the server's scheduler. Under SQLAlchemy 2.1 Prefect 3.8.8's
     scheduler raised InvalidRequestError on every pass and no deployment got a run: a lock update must not
     break it silently again (requirements.lock pins SQLAlchemy 2.0)."""
     log_start = prefect_server.log.stat().st_size
     env = {**os.environ, "PREFECT_API_URL": prefect_server.api, "PREFECT_HOME": str(tmp_path / "prefect-client")}
-    code = ("import sys; sys.path.insert(0, 'flows'); from deployments import deployments\n"
-            "for d in deployments(): print(d.name, d.apply())")   # what `python flows/deployments.py` registers
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=FLOW_TIMEOUT)
+    code = (
+        "import sys; sys.path.insert(0, 'flows'); from deployments import deployments\n"
+        "for d in deployments(): print(d.name, d.apply())"
+    )  # what `python flows/deployments.py` registers
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=FLOW_TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ids = dict(line.split() for line in proc.stdout.splitlines())
     crons = {name: cron for name, cron, _, _ in DEPLOYMENTS}
     assert set(ids) == set(crons)
 
     def scheduled() -> dict[str, list[datetime]]:
-        runs = api(prefect_server.api, "flow_runs/filter", {"flow_runs": {
-            "deployment_id": {"any_": list(ids.values())}, "state": {"type": {"any_": ["SCHEDULED"]}}}})
+        runs = api(
+            prefect_server.api,
+            "flow_runs/filter",
+            {"flow_runs": {"deployment_id": {"any_": list(ids.values())}, "state": {"type": {"any_": ["SCHEDULED"]}}}},
+        )
         names = {v: k for k, v in ids.items()}
         out: dict[str, list[datetime]] = {name: [] for name in ids}
         for r in runs:
             out[names[r["deployment_id"]]].append(datetime.fromisoformat(r["expected_start_time"]))
         return {name: sorted(times) for name, times in out.items()}
 
-    deadline = time.monotonic() + 90   # the server schedules recently changed deployments every 5 s
+    deadline = time.monotonic() + 90  # the server schedules recently changed deployments every 5 s
     while min(len(scheduled()[name]) for name, cron in crons.items() if cron) < 3:
         assert time.monotonic() < deadline, prefect_server.log.read_text()[log_start:][-3000:]
         time.sleep(1)
     runs = scheduled()
-    assert runs["tiny-one-table"] == []   # on demand only
+    assert runs["tiny-one-table"] == []  # on demand only
     nightly, weekly = runs["nightly-tiny"], runs["weekly-small"]
     assert all((t.hour, t.minute, t.utcoffset().total_seconds()) == (2, 0, 0) for t in nightly), nightly
     assert all((b - a).days == 1 for a, b in zip(nightly, nightly[1:])), nightly
-    assert all((t.weekday(), t.hour, t.minute) == (5, 4, 0) for t in weekly), weekly   # Saturdays 04:00 UTC
+    assert all((t.weekday(), t.hour, t.minute) == (5, 4, 0) for t in weekly), weekly  # Saturdays 04:00 UTC
     log = prefect_server.log.read_text()[log_start:]
     errors = [line for line in log.splitlines() if "ERROR" in line or "Traceback" in line or "Error:" in line]
     assert not errors, log[-3000:]
@@ -195,23 +261,27 @@ def test_the_cron_schedules_of_the_deployments_produce_scheduled_flow_runs_and_t
 
 # ---- failures propagate -----------------------------------------------------------------------------
 
+
 def test_the_corpus_stage_retries_unless_it_reported_bad_input():
     from prefect.states import Failed
 
     def failed(status):
         return Failed(data=StageFailed("corpus", ROOT, 1, status, ["..."]))
 
-    assert retry_unless_bad_input(None, None, failed(1))          # e.g. the hub download broke off
-    assert retry_unless_bad_input(None, None, failed(None))       # dvc itself failed
-    assert not retry_unless_bad_input(None, None, failed(2))      # a config or data error: a retry cannot help
+    assert retry_unless_bad_input(None, None, failed(1))  # e.g. the hub download broke off
+    assert retry_unless_bad_input(None, None, failed(None))  # dvc itself failed
+    assert not retry_unless_bad_input(None, None, failed(2))  # a config or data error: a retry cannot help
     assert retry_unless_bad_input(None, None, Failed(data=OSError("connection reset")))
 
 
 def test_a_failing_stage_fails_the_flow_and_nothing_after_it_runs(tmp_path, prefect_api):
     project = make_project(tmp_path / "project")
     script = project / "stages" / "pretrain.py"
-    script.write_text(script.read_text().replace('if __name__ == "__main__":',
-                                                 'if __name__ == "__main__":\n    raise SystemExit("broken on purpose")'))
+    script.write_text(
+        script.read_text().replace(
+            'if __name__ == "__main__":', 'if __name__ == "__main__":\n    raise SystemExit("broken on purpose")'
+        )
+    )
     proc = flow(project, flow_env(project, prefect_api, tmp_path / "mlflow.db"), "--runs", "mlm", "electra")
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "error: dvc repro pretrain@mlm failed in" in proc.stderr and "broken on purpose" in proc.stderr
@@ -225,12 +295,14 @@ def test_a_failing_stage_fails_the_flow_and_nothing_after_it_runs(tmp_path, pref
 
 # ---- one table end to end ---------------------------------------------------------------------------
 
+
 def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     project, db, proc = ablation
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The whole pipeline for one table: data once, then each run's pretraining and fine-tuning, then the report.
-    expected = ["corpus", "vocab", "shards"] + [f"{s}@{r}" for r in ABLATION_RUNS
-                                                for s in ("pretrain", "finetune", "export")]
+    expected = ["corpus", "vocab", "shards"] + [
+        f"{s}@{r}" for r in ABLATION_RUNS for s in ("pretrain", "finetune", "export")
+    ]
     assert ran(proc.stdout + proc.stderr) == expected + ["report"]
 
     flow_run = flow_run_named(prefect_api, f"params.yaml: {ABLATION}")
@@ -239,27 +311,37 @@ def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     assert set(tasks) == {"corpus", "shards", "report", *[t for t in expected if "@" in t]}
     assert set(tasks.values()) == {"COMPLETED"}
 
-    status = run([str(BIN / "dvc"), "status", *[t for t in expected if "@" in t]], project,
-                 flow_env(project, prefect_api, db))
+    status = run(
+        [str(BIN / "dvc"), "status", *[t for t in expected if "@" in t]], project, flow_env(project, prefect_api, db)
+    )
     assert "Data and pipelines are up to date" in status.stdout, status.stdout
     client, experiment, runs = mlflow_runs(db)
     assert sorted(r.data.tags["run"] for r in runs) == sorted(ABLATION_RUNS)
     assert all(r.info.status == "FINISHED" and ABLATION in r.data.tags["tables"] for r in runs)
     parents = client.search_runs([experiment.experiment_id], "tags.stage = 'finetune'")
-    assert {(r.data.tags["run"], r.data.tags["task"]) for r in parents if r.data.tags.get("checkpoint", "final") == "final"
-            and r.data.tags.get("label_fraction", "1.0") == "1.0"} >= {(r, t) for r in ABLATION_RUNS for t in ("rte", "stsb", "squad2")}
+    assert {
+        (r.data.tags["run"], r.data.tags["task"])
+        for r in parents
+        if r.data.tags.get("checkpoint", "final") == "final" and r.data.tags.get("label_fraction", "1.0") == "1.0"
+    } >= {(r, t) for r in ABLATION_RUNS for t in ("rte", "stsb", "squad2")}
 
     check_export(project, "teams_ablation", next(r.info.run_id for r in runs if r.data.tags["run"] == "teams_ablation"))
 
-    summary = api(prefect_api, "artifacts/filter", {"artifacts": {"key": {"any_": ["reproduce-tiny"]},
-                                                                  "flow_run_id": {"any_": [flow_run["id"]]}}})
+    summary = api(
+        prefect_api,
+        "artifacts/filter",
+        {"artifacts": {"key": {"any_": ["reproduce-tiny"]}, "flow_run_id": {"any_": [flow_run["id"]]}}},
+    )
     assert len(summary) == 1 and summary[0]["type"] == "markdown"
     markdown = summary[0]["data"]
     assert f"#/experiments/{experiment.experiment_id})" in markdown and "MLflow experiment electralab-tiny" in markdown
     for r in ABLATION_RUNS:
         assert f"| `pretrain@{r}` | ran |" in markdown and f"| `finetune@{r}` | ran |" in markdown
-    table = api(prefect_api, "artifacts/filter", {"artifacts": {"key": {"any_": ["tiny-teams-table4"]},
-                                                                "flow_run_id": {"any_": [flow_run["id"]]}}})
+    table = api(
+        prefect_api,
+        "artifacts/filter",
+        {"artifacts": {"key": {"any_": ["tiny-teams-table4"]}, "flow_run_id": {"any_": [flow_run["id"]]}}},
+    )
     assert len(table) == 1, [a["key"] for a in api(prefect_api, "artifacts/latest/filter", {})]
     # The fine-tuned tasks' cells hold our medians (numbers), the tasks MINI skips stay missing.
     rows = [line for line in table[0]["data"].splitlines() if "`teams_no_tie`" in line]
@@ -300,25 +382,43 @@ def check_export(project: Path, run: str, pretrain_run_id: str) -> None:
 def test_one_table_through_dvc_repro_then_the_flow_agrees_and_prefect_never_caches_a_stage(tmp_path, prefect_api):
     project = make_project(tmp_path / "project")
     env = flow_env(project, prefect_api, tmp_path / "mlflow.db")
-    targets = subprocess.run(reproduce_cmd("--tables", "coco-lm/table1", "--targets"), cwd=project, env=env,
-                             capture_output=True, text=True, timeout=120)
+    targets = subprocess.run(
+        reproduce_cmd("--tables", "coco-lm/table1", "--targets"),
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     runs = [f"{s}@{r}" for r in ("control", "mlm", "electra", "cocolm") for s in ("pretrain", "finetune", "export")]
     assert targets.stdout.split() == ["corpus", "shards", *runs], targets.stderr
-    proc = subprocess.run([str(BIN / "dvc"), "repro", *targets.stdout.split()], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=FLOW_TIMEOUT)
+    proc = subprocess.run(
+        [str(BIN / "dvc"), "repro", *targets.stdout.split()],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=FLOW_TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert ran(proc.stdout)[:3] == ["corpus", "vocab", "shards"]   # then the runs, in an order DVC picks
+    assert ran(proc.stdout)[:3] == ["corpus", "vocab", "shards"]  # then the runs, in an order DVC picks
     assert sorted(ran(proc.stdout)[3:]) == sorted(runs)
-    report = subprocess.run([str(BIN / "dvc"), "repro", "--single-item", "report"], cwd=project, env=env,
-                            capture_output=True, text=True, timeout=FLOW_TIMEOUT)   # docs/operations.md's quick look
+    report = subprocess.run(
+        [str(BIN / "dvc"), "repro", "--single-item", "report"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=FLOW_TIMEOUT,
+    )  # docs/operations.md's quick look
     assert report.returncode == 0 and ran(report.stdout) == ["report"], report.stdout[-3000:] + report.stderr[-3000:]
     table1 = (project / "reports" / "tables" / "coco-lm_table1.md").read_text()
     rows = [line for line in table1.splitlines() if "| `cocolm` |" in line]
     assert "tiny preset" in table1 and len(rows) == 1 and re.search(r"\d+\.\d ±", rows[0]), table1
 
-    again = flow(project, env, "--tables", "coco-lm/table1")   # DVC's state: nothing to do but the report
+    again = flow(project, env, "--tables", "coco-lm/table1")  # DVC's state: nothing to do but the report
     assert again.returncode == 0, again.stderr[-3000:]
-    assert ran(again.stdout + again.stderr) == ["report"]      # always_changed: it reads MLflow, which DVC cannot hash
+    assert ran(again.stdout + again.stderr) == ["report"]  # always_changed: it reads MLflow, which DVC cannot hash
 
     # Same flow, same task inputs, one changed run setting: DVC re-runs exactly that stage, and Prefect does not
     # answer from its input cache.
@@ -330,26 +430,35 @@ def test_one_table_through_dvc_repro_then_the_flow_agrees_and_prefect_never_cach
 
 # ---- faults -------------------------------------------------------------------------------------------
 
+
 def test_kill_mid_pretraining_then_the_flow_again_resumes_and_redoes_nothing_finished(tmp_path, prefect_api):
     project = make_project(tmp_path / "project", steps=24)
     db = tmp_path / "mlflow.db"
     env = flow_env(project, prefect_api, db)
     state = project / "checkpoints" / "electra" / "state.pt"
-    first = subprocess.Popen(reproduce_cmd("--runs", "electra"), cwd=project, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)   # its own process group
+    first = subprocess.Popen(
+        reproduce_cmd("--runs", "electra"),
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # its own process group
     deadline = time.monotonic() + FLOW_TIMEOUT
     while not state.exists():
         assert first.poll() is None, "the flow ended before it could be killed"
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    os.killpg(first.pid, signal.SIGKILL)   # the flow, dvc and the stage, as a crash or an OOM kill would
+    os.killpg(first.pid, signal.SIGKILL)  # the flow, dvc and the stage, as a crash or an OOM kill would
     first.wait()
     assert not (project / "models" / "electra").exists() and state.exists()
 
     again = flow(project, env, "--runs", "electra")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     output = again.stdout + again.stderr
-    assert ran(output) == ["pretrain@electra", "finetune@electra", "export@electra", "report"], ran(output)   # no data stage redone
+    assert ran(output) == ["pretrain@electra", "finetune@electra", "export@electra", "report"], ran(
+        output
+    )  # no data stage redone
     for stage in ("corpus", "vocab", "shards"):
         assert f"Stage '{stage}' didn't change, skipping" in output
     _, _, runs = mlflow_runs(db)
@@ -362,18 +471,28 @@ def test_two_flows_at_once_on_another_presets_workspace_one_waits_and_params_sta
     project = make_project(tmp_path / "project", preset="small")
     params = (project / "params.yaml").read_bytes()
     env = flow_env(project, prefect_api, tmp_path / "unused.db")
-    env.pop("MLFLOW_TRACKING_URI")   # the default store: the project's mlflow.db, also from the workspace
-    procs = [subprocess.Popen(reproduce_cmd("--preset", "small", "--runs", "mlm"), cwd=project, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    env.pop("MLFLOW_TRACKING_URI")  # the default store: the project's mlflow.db, also from the workspace
+    procs = [
+        subprocess.Popen(
+            reproduce_cmd("--preset", "small", "--runs", "mlm"),
+            cwd=project,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=FLOW_TIMEOUT)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     # The second flow waited for the first to end, then found every stage up to date: each ran once (but the
     # report, which always runs).
-    assert sorted(ran(outputs[0]) + ran(outputs[1])) == sorted(["corpus", "vocab", "shards", "pretrain@mlm",
-                                                                "finetune@mlm", "export@mlm", "report", "report"])
+    assert sorted(ran(outputs[0]) + ran(outputs[1])) == sorted(
+        ["corpus", "vocab", "shards", "pretrain@mlm", "finetune@mlm", "export@mlm", "report", "report"]
+    )
     assert sum("waiting for another reproduce flow" in out for out in outputs) == 1
 
-    assert (project / "params.yaml").read_bytes() == params                  # the user's file: untouched
+    assert (project / "params.yaml").read_bytes() == params  # the user's file: untouched
     workspace = project / ".electralab" / "workspaces" / "small"
     assert yaml.safe_load((workspace / "params.yaml").read_text())["preset"] == "small"
     assert (workspace / "models" / "mlm" / "encoder").is_dir() and not (project / "models").exists()

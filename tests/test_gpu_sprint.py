@@ -10,7 +10,6 @@ run log's reading rules, the plan's packing."""
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import resource
 import shutil
@@ -22,27 +21,27 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import ROOT, mirror_root
 from project_helpers import MINI, copy_project, env_for, shrink
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from electralab.errors import DataError  # noqa: E402
-from electralab.runlog import FileClient, Metric, Param, import_runlog, read_run, read_runs  # noqa: E402
 from sprint.plan import fits, make_plan, pretrain_seconds  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("single_thread")   # the in-process tests: tiny tensors, one thread
+from electralab.errors import DataError  # noqa: E402
+from electralab.runlog import FileClient, Metric, Param, import_runlog, read_run, read_runs  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # the in-process tests: tiny tensors, one thread
 # What the GPU machine lacks of the project's dependencies (docs/scaling.md; /work/.library/device/KINDS.md).
 ABSENT = ("mlflow", "ray", "dvc", "prefect", "datasets", "fastapi", "psycopg2")
-PIECE, GRACE = 15, 5   # CPU seconds: the dry run's "10-minute" commands
-EXIT_SLACK = 3         # interpreter exit and the last state packing, after the budget's end
+PIECE, GRACE = 15, 5  # CPU seconds: the dry run's "10-minute" commands
+EXIT_SLACK = 3  # interpreter exit and the last state packing, after the budget's end
 
 
 def make_sprint_project(tmp: Path) -> Path:
     project = copy_project(tmp)
     shutil.copytree(ROOT / "bench", project / "bench", ignore=shutil.ignore_patterns("out", "__pycache__"))
-    shrink(project, "small")   # the small preset at MINI sizes, on the CPU (use_gpu false)
+    shrink(project, "small")  # the small preset at MINI sizes, on the CPU (use_gpu false)
     return project
 
 
@@ -53,8 +52,12 @@ def without_servers(env: dict, tmp: Path) -> dict:
     block = tmp / "absent"
     block.mkdir(exist_ok=True)
     (block / "sitecustomize.py").write_text("import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in ABSENT))
-    return {**env, "PYTHONPATH": f"{block}:{env['PYTHONPATH']}", "ELECTRALAB_SPRINT_CLOCK": "cpu",
-            "OMP_NUM_THREADS": "1"}
+    return {
+        **env,
+        "PYTHONPATH": f"{block}:{env['PYTHONPATH']}",
+        "ELECTRALAB_SPRINT_CLOCK": "cpu",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def sprint_cmd(*args: str) -> list[str]:
@@ -97,12 +100,28 @@ def sprint(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sprint")
     project = make_sprint_project(tmp / "project")
     env = env_for(project, mirror_root())
-    prep = run(sprint_cmd("prep", "--pieces", "3", "--piece-seconds", str(PIECE), "--grace-seconds", str(GRACE),
-                          "--probe-seconds", "0.2", "--workers", "1"), project, env)
+    prep = run(
+        sprint_cmd(
+            "prep",
+            "--pieces",
+            "3",
+            "--piece-seconds",
+            str(PIECE),
+            "--grace-seconds",
+            str(GRACE),
+            "--probe-seconds",
+            "0.2",
+            "--workers",
+            "1",
+        ),
+        project,
+        env,
+    )
     assert prep.returncode == 0, prep.stdout[-2000:] + prep.stderr[-2000:]
     calls = commands(project, without_servers(env, tmp), tmp, fresh_after=1)
-    return SimpleNamespace(project=project, env=env, calls=calls, prep=prep,
-                           state=project / ".sprint" / "state", tmp=tmp)
+    return SimpleNamespace(
+        project=project, env=env, calls=calls, prep=prep, state=project / ".sprint" / "state", tmp=tmp
+    )
 
 
 @pytest.mark.slow
@@ -111,17 +130,19 @@ def test_dry_run_goes_in_commands_inside_their_limits_and_under_a_minute(sprint)
     assert len(calls) >= 2, "everything fitted one command: nothing was resumed"
     for i, call in enumerate(calls, 1):
         assert call.cpu < PIECE + GRACE + EXIT_SLACK, f"command {i} took {call.cpu:.1f} s"
-        assert "tracking: file" in call.proc.stdout   # mlflow absent: the run log
+        assert "tracking: file" in call.proc.stdout  # mlflow absent: the run log
     assert sum(c.cpu for c in calls) < 60, [round(c.cpu, 1) for c in calls]
-    print(f"dry run: {len(calls)} commands, {sum(c.cpu for c in calls):.1f} s of CPU in all "
-          f"({', '.join(f'{c.cpu:.1f}' for c in calls)})")   # the figure docs/scaling.md quotes (pytest -rP)
+    print(
+        f"dry run: {len(calls)} commands, {sum(c.cpu for c in calls):.1f} s of CPU in all "
+        f"({', '.join(f'{c.cpu:.1f}' for c in calls)})"
+    )  # the figure docs/scaling.md quotes (pytest -rP)
     first = calls[0].proc.stdout
     # Throughput first, then the control, then the plan, and only then any method's pretraining.
     assert first.index("throughput") < first.index("control: the encoder as initialised") < first.index("plan:")
     assert "pretraining (" not in first[: first.index("plan:")]
     assert "unpacked the carried data (a fresh machine)" in calls[1].proc.stdout
     for call in calls[1:]:
-        assert "control: the encoder as initialised" not in call.proc.stdout   # done once, never again
+        assert "control: the encoder as initialised" not in call.proc.stdout  # done once, never again
     pieces = json.loads((sprint.state / "pieces.json").read_text())
     assert [p["piece"] for p in pieces] == list(range(1, len(calls) + 1)) and pieces[-1]["stopped"] == "done"
     assert "prep: what travels:" in sprint.prep.stdout
@@ -139,7 +160,7 @@ def test_results_table_has_every_run_the_control_and_the_published_numbers(sprin
         for task in ("sst2", "cola", "mrpc", "stsb", "rte", "avg"):
             float(line[task]), float(line[f"{task}_min"]), float(line[f"{task}_max"])
         assert float(line["avg_min"]) <= float(line["avg_max"])
-        if name != "control":   # the planned steps ran, each method the same planned seconds to a step
+        if name != "control":  # the planned steps ran, each method the same planned seconds to a step
             assert int(line["steps"]) == plan["runs"][name]["steps"]
             assert abs(float(line["planned_seconds"]) - plan["pretrain_seconds"]) <= plan["runs"][name]["step_s"]
     assert int(ours["control"]["steps"]) == 0
@@ -162,7 +183,7 @@ def test_the_run_log_holds_every_run_with_mlflow_absent(sprint):
     # score has no correlation): then the parent names them
     assert all(any(m[0].startswith("median_") for m in r.metrics) or r.tags.get("failed_metrics") for r in parents)
     children = [r for r in runs if r.tags["stage"] == "finetune-trial"]
-    assert len(children) == 4 * 5 * 2   # runs x tasks x (1 configuration x 2 seeds)
+    assert len(children) == 4 * 5 * 2  # runs x tasks x (1 configuration x 2 seeds)
     ids = {r.run_id for r in parents}
     assert all(r.tags["mlflow.parentRunId"] in ids for r in children)
 
@@ -186,10 +207,10 @@ def test_import_into_mlflow_then_the_report_shows_the_sprint(sprint, tmp_path):
     history = client.get_metric_history(electra.info.run_id, "loss")
     assert [m.step for m in history] == [m[3] for m in original.metrics if m[0] == "loss"]
     child = client.search_runs([experiment], "tags.stage = 'finetune-trial' and tags.run = 'mlm'")[0]
-    parent = client.get_run(child.data.tags["mlflow.parentRunId"])   # mapped to the imported parent
+    parent = client.get_run(child.data.tags["mlflow.parentRunId"])  # mapped to the imported parent
     assert parent.data.tags["stage"] == "finetune" and parent.data.tags["run"] == "mlm"
     mlm = client.search_runs([experiment], "tags.stage = 'pretrain' and tags.run = 'mlm'")[0]
-    assert parent.data.tags["pretrain_run_id"] == mlm.info.run_id   # the log's id mapped to the imported run
+    assert parent.data.tags["pretrain_run_id"] == mlm.info.run_id  # the log's id mapped to the imported run
     # The report reads the imported runs like any others: the sprint's tasks filled, the others empty.
     table = list(csv.DictReader((tmp_path / "report" / "tables" / "coco-lm_table1.csv").open()))
     cell = {(x["run"], x["column"]): x["ours"] for x in table}
@@ -205,39 +226,69 @@ def test_import_into_mlflow_then_the_report_shows_the_sprint(sprint, tmp_path):
 def test_a_method_longer_than_a_command_pauses_and_resumes_from_its_checkpoint(tmp_path):
     project = make_sprint_project(tmp_path / "project")
     env = env_for(project, mirror_root())
-    prep = run(sprint_cmd("prep", "--methods", "mlm", "--tasks", "rte,stsb", "--pieces", "2", "--piece-seconds", "10",
-                          "--grace-seconds", "2", "--probe-seconds", "0.2", "--workers", "1", "--pretrain-seconds", "14"),
-               project, env)
+    prep = run(
+        sprint_cmd(
+            "prep",
+            "--methods",
+            "mlm",
+            "--tasks",
+            "rte,stsb",
+            "--pieces",
+            "2",
+            "--piece-seconds",
+            "10",
+            "--grace-seconds",
+            "2",
+            "--probe-seconds",
+            "0.2",
+            "--workers",
+            "1",
+            "--pretrain-seconds",
+            "14",
+        ),
+        project,
+        env,
+    )
     assert prep.returncode == 0, prep.stderr[-2000:]
     calls = commands(project, without_servers(env, tmp_path), tmp_path, fresh_after=None)
     text = "".join(c.proc.stdout for c in calls)
     assert "mlm paused at step" in text and "mlm: resuming from its checkpoint" in text
     plan = json.loads((project / ".sprint" / "state" / "plan.json").read_text())
     mlm = [r for r in read_runs(project / ".sprint" / "state" / "runlog") if r.name == "mlm"]
-    assert len(mlm) == 1 and mlm[0].status == "FINISHED"   # one run, paused and continued
+    assert len(mlm) == 1 and mlm[0].status == "FINISHED"  # one run, paused and continued
     steps = [m[3] for m in mlm[0].metrics if m[0] == "loss"]
     assert steps == sorted(set(steps)) and steps[-1] == plan["runs"]["mlm"]["steps"]
 
 
 # --- the loop's stop: pause with a checkpoint, resume exactly --------------------------------------------
 
+
 def test_pretrain_stop_pauses_with_a_checkpoint_and_resumes_exactly(shards_dir, vocab_dir, tmp_path, monkeypatch):
+    from sprint.config import SprintConfig, sprint_params
+
     from electralab.config import load_params, parse_params
     from electralab.runs import resolve_run
     from electralab.train.loop import pretrain
-    from sprint.config import SprintConfig, sprint_params
 
     monkeypatch.setenv("ELECTRALAB_TRACKING", "file")
     monkeypatch.setenv("ELECTRALAB_RUNLOG", str(tmp_path / "runlog"))
     params = load_params(ROOT / "params.yaml")
-    mini = {"steps": 6, "batch_size": 4, "micro_batch_size": 4, "warmup_steps": 1, "log_every": 1,
-            "checkpoint_every": 100, "guard": {"enabled": False}}
+    mini = {
+        "steps": 6,
+        "batch_size": 4,
+        "micro_batch_size": 4,
+        "warmup_steps": 1,
+        "log_every": 1,
+        "checkpoint_every": 100,
+        "guard": {"enabled": False},
+    }
     raw = sprint_params(params, SprintConfig(preset="tiny"), mini).raw
     raw["presets"]["tiny"]["model"].update(MINI["model"])
     run_ = resolve_run(parse_params(raw), "electra")
     reference = pretrain(run_, shards_dir, tmp_path / "a", tmp_path / "sa", vocab_dir=vocab_dir, show_progress=False)
-    paused = pretrain(run_, shards_dir, tmp_path / "b", tmp_path / "sb", vocab_dir=vocab_dir, show_progress=False,
-                      stop=lambda: True)
+    paused = pretrain(
+        run_, shards_dir, tmp_path / "b", tmp_path / "sb", vocab_dir=vocab_dir, show_progress=False, stop=lambda: True
+    )
     assert paused["paused"] and paused["steps"] == 1
     assert (tmp_path / "sb" / "state.pt").is_file() and not (tmp_path / "b").exists()
     (logged,) = [r for r in read_runs(tmp_path / "runlog") if r.status != "FINISHED"]
@@ -247,18 +298,20 @@ def test_pretrain_stop_pauses_with_a_checkpoint_and_resumes_exactly(shards_dir, 
     a = torch.load(tmp_path / "a" / "encoder" / "weights.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "encoder" / "weights.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run differs from the uninterrupted one"
-    again = read_run(tmp_path / "runlog" / f"{logged.run_id}.jsonl")   # the same run, continued to the end
+    again = read_run(tmp_path / "runlog" / f"{logged.run_id}.jsonl")  # the same run, continued to the end
     assert again.status == "FINISHED" and [m[3] for m in again.metrics if m[0] == "loss"] == [1, 2, 3, 4, 5, 6]
 
 
 # --- the trial pool (the GPU's executor) gives what in-process trials give ------------------------------
 
+
 def test_trial_pool_matches_in_process_trials(shards_dir, vocab_dir, tmp_path, monkeypatch):
+    from sprint.config import SprintConfig, sprint_params
+    from sprint.trials import Finetuner
+
     from electralab.config import load_params, parse_params
     from electralab.runs import resolve_run
     from electralab.train.loop import pretrain
-    from sprint.config import SprintConfig, sprint_params
-    from sprint.trials import Finetuner
 
     monkeypatch.setenv("ELECTRALAB_TRACKING", "file")
     monkeypatch.setenv("ELECTRALAB_RUNLOG", str(tmp_path / "runlog"))
@@ -289,11 +342,15 @@ def test_trial_pool_matches_in_process_trials(shards_dir, vocab_dir, tmp_path, m
 
 # --- the run log ------------------------------------------------------------------------------------------
 
+
 def test_run_log_records_fold_into_a_run_and_a_torn_last_line_is_skipped(tmp_path):
     client = FileClient(tmp_path)
     run_id = client.create_run("electralab-tiny", run_name="mlm", tags={"stage": "pretrain"}).info.run_id
-    client.log_batch(run_id, metrics=[Metric("loss", 2.5, 1000, 1), Metric("loss", 2.0, 2000, 2)],
-                     params=[Param("pretrain.steps", "2")])
+    client.log_batch(
+        run_id,
+        metrics=[Metric("loss", 2.5, 1000, 1), Metric("loss", 2.0, 2000, 2)],
+        params=[Param("pretrain.steps", "2")],
+    )
     client.set_tags(run_id, {"precision": "bf16"})
     client.log_text(run_id, "a,b\n1,2\n", "medians.csv")
     small, large = tmp_path / "small.json", tmp_path / "large.bin"
@@ -304,15 +361,19 @@ def test_run_log_records_fold_into_a_run_and_a_torn_last_line_is_skipped(tmp_pat
     client.set_terminated(run_id, "FINISHED")
     path = tmp_path / f"{run_id}.jsonl"
     with open(path, "a") as f:
-        f.write('{"op": "status", "sta')   # a process killed while writing its last line
+        f.write('{"op": "status", "sta')  # a process killed while writing its last line
     run_ = read_run(path)
-    assert (run_.name, run_.status, run_.params, run_.tags["precision"]) == ("mlm", "FINISHED", {"pretrain.steps": "2"},
-                                                                              "bf16")
+    assert (run_.name, run_.status, run_.params, run_.tags["precision"]) == (
+        "mlm",
+        "FINISHED",
+        {"pretrain.steps": "2"},
+        "bf16",
+    )
     assert [(m[0], m[1], m[3]) for m in run_.metrics] == [("loss", 2.5, 1), ("loss", 2.0, 2)]
     copied = {a["path"]: a for a in run_.artifacts}
     assert copied["medians.csv"]["text"] == "a,b\n1,2\n"
-    assert (tmp_path / copied["small.json"]["copy"]).read_text() == "{}"           # small: copied into the log
-    assert "copy" not in copied["encoder/large.bin"] and copied["encoder/large.bin"]["bytes"] == 300 << 10   # named
+    assert (tmp_path / copied["small.json"]["copy"]).read_text() == "{}"  # small: copied into the log
+    assert "copy" not in copied["encoder/large.bin"] and copied["encoder/large.bin"]["bytes"] == 300 << 10  # named
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], "not json", *lines[1:]]) + "\n")
     with pytest.raises(DataError, match=rf"{run_id}.jsonl:2: not a JSON record"):
@@ -332,7 +393,7 @@ def test_import_maps_parents_marks_unclosed_runs_killed_and_names_missing_artifa
     gone.write_bytes(b"\0" * (300 << 10))
     open_run = client.create_run("electralab-tiny", run_name="open").info.run_id
     client.log_artifact(open_run, gone, "encoder")
-    gone.unlink()   # named in the log, not on this machine
+    gone.unlink()  # named in the log, not on this machine
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     counts = import_runlog(log, uri)
     assert counts == {"imported": 3, "unchanged": 0, "replaced": 0, "artifacts_not_found": 1}
@@ -340,25 +401,30 @@ def test_import_maps_parents_marks_unclosed_runs_killed_and_names_missing_artifa
     experiment = mlflow.get_experiment_by_name("electralab-tiny").experiment_id
     by_name = {r.info.run_name: r for r in mlflow.search_runs([experiment])}
     assert by_name["c"].data.tags["mlflow.parentRunId"] == by_name["p"].info.run_id
-    assert by_name["open"].info.status == "KILLED" and "artifact_not_found.encoder/weights.pt" in by_name["open"].data.tags
-    client.set_terminated(open_run, "FINISHED")   # the run grew after the import: replaced, not duplicated
+    assert (
+        by_name["open"].info.status == "KILLED" and "artifact_not_found.encoder/weights.pt" in by_name["open"].data.tags
+    )
+    client.set_terminated(open_run, "FINISHED")  # the run grew after the import: replaced, not duplicated
     assert import_runlog(log, uri) == {"imported": 0, "unchanged": 2, "replaced": 1, "artifacts_not_found": 1}
     assert len(mlflow.search_runs([experiment])) == 3
 
 
 # --- the plan ---------------------------------------------------------------------------------------------
 
+
 def test_plan_packs_whole_units_and_gives_equal_seconds():
     assert fits([100, 100], 2, 100) and not fits([100, 99], 2, 100)
     # Three units of P + 50 s into what is left now (80 s) and two commands of 300 s: one unit cannot go
     # into 80 s unless P <= 30; two per command need P <= 100; so the best is P = 100 (0 + 2 + 2 units >= 3).
     assert pretrain_seconds([80, 300, 300], 3, 50) == pytest.approx(100, abs=0.1)
-    assert pretrain_seconds([80, 300], 3, 50) == pytest.approx(50, abs=0.1)       # 0 + 3 units of 100 s
-    assert pretrain_seconds([40, 40], 3, 50) == 0.0                                # nothing fits
-    probes = {"mlm": {"step_s": 0.02, "tokens_per_step": 100, "tokens_per_s": 5000, "flops_per_step": 1e9},
-              "electra": {"step_s": 0.05, "tokens_per_step": 100, "tokens_per_s": 2000, "flops_per_step": 2e9}}
+    assert pretrain_seconds([80, 300], 3, 50) == pytest.approx(50, abs=0.1)  # 0 + 3 units of 100 s
+    assert pretrain_seconds([40, 40], 3, 50) == 0.0  # nothing fits
+    probes = {
+        "mlm": {"step_s": 0.02, "tokens_per_step": 100, "tokens_per_s": 5000, "flops_per_step": 1e9},
+        "electra": {"step_s": 0.05, "tokens_per_step": 100, "tokens_per_s": 2000, "flops_per_step": 2e9},
+    }
     plan = make_plan(probes, ("mlm", "electra"), 40.0, 10.0, 200.0, 1, 400.0, None, piece_now=1)
-    assert plan["pretrain_seconds"] == pytest.approx(150, abs=0.1)   # one unit of P + 50 s in 200 s, one in 400 s
+    assert plan["pretrain_seconds"] == pytest.approx(150, abs=0.1)  # one unit of P + 50 s in 200 s, one in 400 s
     assert plan["runs"]["mlm"]["steps"] == int(plan["pretrain_seconds"] / 0.02)
     assert plan["runs"]["electra"]["steps"] == int(plan["pretrain_seconds"] / 0.05)
     assert [s["piece"] for s in plan["schedule"]] == [1, 2] and not plan["notes"]

@@ -9,17 +9,17 @@ import sys
 
 import pytest
 import torch
+from project_helpers import copy_project, run, shrink, stage_args
+from test_pretrain import mlflow_client, mlflow_env
 
 from electralab.config import GuardConfig
 from electralab.train.diagnostics import HeldOut, binary_entropy, collapse, guard_active, token_cosine
-from project_helpers import copy_project, run, shrink, stage_args
-from test_pretrain import mlflow_client, mlflow_env
 
 
 def test_token_cosine_is_one_for_one_vector_and_zero_for_orthogonal_ones_and_skips_padding():
     mask = torch.tensor([[True, True, True, False]])
     same = torch.ones(1, 4, 8)
-    same[0, 3] = -5.0                                    # a [PAD] position: not counted
+    same[0, 3] = -5.0  # a [PAD] position: not counted
     assert token_cosine(same, mask) == pytest.approx(1.0)
     orthogonal = torch.eye(8)[:4].unsqueeze(0)
     assert token_cosine(orthogonal, mask) == pytest.approx(0.0, abs=1e-6)
@@ -33,16 +33,24 @@ def test_binary_entropy_is_the_loss_of_predicting_the_base_rate():
     assert binary_entropy(0.0) == 0.0 and binary_entropy(1.0) == 0.0
 
 
-HEALTHY = {"token_cosine": 0.45, "rtd_base_rate_gain": 0.20, "rtd_acc_replaced": 0.31, "mlm_acc": 0.2,
-           "mlm_unigram_gain": 0.15}
+HEALTHY = {
+    "token_cosine": 0.45,
+    "rtd_base_rate_gain": 0.20,
+    "rtd_acc_replaced": 0.31,
+    "mlm_acc": 0.2,
+    "mlm_unigram_gain": 0.15,
+}
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"token_cosine": 0.995}, "one vector for every token"),
-    ({"rtd_base_rate_gain": 0.005, "rtd_acc_replaced": 0.0}, "rtd detector predicts only the base rate"),
-    ({"copy_base_rate_gain": -0.01}, "copy detector predicts only the base rate"),
-    ({"mlm_acc": 0.05, "mlm_unigram_gain": 0.0}, "no better than guessing the most frequent token"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"token_cosine": 0.995}, "one vector for every token"),
+        ({"rtd_base_rate_gain": 0.005, "rtd_acc_replaced": 0.0}, "rtd detector predicts only the base rate"),
+        ({"copy_base_rate_gain": -0.01}, "copy detector predicts only the base rate"),
+        ({"mlm_acc": 0.05, "mlm_unigram_gain": 0.0}, "no better than guessing the most frequent token"),
+    ],
+)
 def test_each_rule_names_what_collapsed(change, words):
     guard = GuardConfig()
     assert collapse(HEALTHY, guard) is None
@@ -51,8 +59,8 @@ def test_each_rule_names_what_collapsed(change, words):
 
 def test_the_guard_judges_only_after_warmup_and_its_fraction_of_training():
     guard = GuardConfig(after=0.25)
-    assert not guard_active(step=100, steps=1000, warmup_steps=50, guard=guard)      # before 25%
-    assert not guard_active(step=300, steps=1000, warmup_steps=400, guard=guard)     # still warming up
+    assert not guard_active(step=100, steps=1000, warmup_steps=50, guard=guard)  # before 25%
+    assert not guard_active(step=300, steps=1000, warmup_steps=400, guard=guard)  # still warming up
     assert guard_active(step=400, steps=1000, warmup_steps=400, guard=guard)
     assert not guard_active(step=900, steps=1000, warmup_steps=0, guard=dataclasses.replace(guard, enabled=False))
 
@@ -69,7 +77,7 @@ def test_measuring_restores_train_mode_and_random_state(shards_dir):
     state = torch.random.get_rng_state()
     first = heldout.measure(objective, "fp32")
     assert objective.training and torch.equal(state, torch.random.get_rng_state())
-    assert first == heldout.measure(objective, "fp32")                   # the same numbers every time
+    assert first == heldout.measure(objective, "fp32")  # the same numbers every time
     assert {"token_cosine", "rtd_loss", "rtd_base_rate_gain", "gen_acc"} <= set(first)
     assert 0.0 < heldout.unigram_accuracy < 0.5
 
@@ -79,8 +87,15 @@ def test_a_run_collapsed_on_purpose_stops_by_name_fails_in_mlflow_and_leaves_no_
     """ELECTRA at a learning rate far too high for its width (the regime the issue found): the final layer
     turns into one vector within a few dozen steps. The stage exits 2 naming the collapse."""
     project = copy_project(tmp_path / "project")
-    shrink(project, steps=60, lr=5e-3, warmup_steps=2, checkpoint_every=20, log_every=10,
-           guard={"enabled": True, "every": 10, "after": 0.5, "batches": 2})
+    shrink(
+        project,
+        steps=60,
+        lr=5e-3,
+        warmup_steps=2,
+        checkpoint_every=20,
+        log_every=10,
+        guard={"enabled": True, "every": 10, "after": 0.5, "batches": 2},
+    )
     env = mlflow_env(project, tmp_path / "mlflow.db")
     for stage in ("corpus", "vocab", "shards"):
         assert run([sys.executable, *stage_args(stage)], project, env).returncode == 0
@@ -93,12 +108,14 @@ def test_a_run_collapsed_on_purpose_stops_by_name_fails_in_mlflow_and_leaves_no_
     failed = client.search_runs([client.get_experiment_by_name("electralab-tiny").experiment_id])[0]
     assert failed.info.status == "FAILED" and "RepresentationCollapsed" in failed.data.tags["error"]
     cosines = client.get_metric_history(failed.info.run_id, "heldout_token_cosine")
-    assert min(m.value for m in cosines if m.step == 0) < 0.5          # not collapsed at initialisation
+    assert min(m.value for m in cosines if m.step == 0) < 0.5  # not collapsed at initialisation
     # The report names the broken run instead of showing it.
     from electralab.report import build_report
 
     report = build_report("tiny", tmp_path / "reports", f"sqlite:///{tmp_path / 'mlflow.db'}")
     text = (tmp_path / "reports" / "report.md").read_text()
-    assert "Not in any table: run electra, whose pretraining failed (RepresentationCollapsed: run electra " \
-           "collapsed at step" in text
+    assert (
+        "Not in any table: run electra, whose pretraining failed (RepresentationCollapsed: run electra "
+        "collapsed at step" in text
+    )
     assert report["tables"]["coco-lm/table1"].frame.query("run == 'electra'")["ours"].isna().all()

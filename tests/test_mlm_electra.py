@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import VOCAB, jitter, make_batch, tiny_generators, tiny_model, train_losses
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -19,8 +20,6 @@ from electralab.objectives.common import sample
 from electralab.objectives.electra import Electra
 from electralab.objectives.mlm import MLM
 
-from helpers import VOCAB, jitter, make_batch, tiny_generators, tiny_model, train_losses
-
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # --------------------------------------------------------------------------------------------
 # Hand-written references
 # --------------------------------------------------------------------------------------------
+
 
 def gelu(t):
     return 0.5 * t * (1 + torch.erf(t / math.sqrt(2)))
@@ -85,12 +85,13 @@ def build_electra(**settings):
 # MLM
 # --------------------------------------------------------------------------------------------
 
+
 def test_mlm_loss_is_mean_ce_over_masked_positions_of_the_tied_head():
     torch.manual_seed(0)
     obj = jitter(build_mlm()).eval()
     batch = make_batch(pad_last=5)
     out = obj(batch)
-    h = obj.mlm.encoder(batch.masked_ids, batch.attention_mask)[-1]          # (B, T, H)
+    h = obj.mlm.encoder(batch.masked_ids, batch.attention_mask)[-1]  # (B, T, H)
     logits = lm_logits(h[batch.mlm_mask], obj.mlm.head)
     targets = batch.input_ids[batch.mlm_mask]
     torch.testing.assert_close(out.loss, mean_ce(logits, targets), atol=1e-5, rtol=1e-5)
@@ -140,11 +141,12 @@ def test_vocabulary_logits_only_at_masked_positions(build):
 # ELECTRA
 # --------------------------------------------------------------------------------------------
 
+
 def test_electra_generator_size_and_shared_embeddings():
     obj = build_electra()
     g, d = obj.generator.encoder, obj.discriminator
     sizes = tiny_generators().electra
-    assert len(g.layers) == len(d.layers) == 12                            # same depth
+    assert len(g.layers) == len(d.layers) == 12  # same depth
     assert (g.cfg.hidden, g.cfg.heads, g.cfg.ffn) == (sizes.hidden, sizes.heads, sizes.ffn)
     assert g.layers[0].ffn_in.weight.shape == (sizes.ffn, sizes.hidden)
     assert g.embeddings.project is not None and g.embeddings.project.weight.shape == (16, 32)
@@ -154,7 +156,7 @@ def test_electra_generator_size_and_shared_embeddings():
     # ELECTRA Sec. 3.2: token AND positional embeddings shared (released code: with their LayerNorm).
     assert g.embeddings.positions is d.embeddings.positions
     assert g.embeddings.norm is d.embeddings.norm
-    assert count_parameters(obj) == sum(p.numel() for p in obj.parameters())   # parameters() dedups
+    assert count_parameters(obj) == sum(p.numel() for p in obj.parameters())  # parameters() dedups
 
 
 def test_electra_preset_generators_are_a_third_or_a_quarter_wide():
@@ -162,9 +164,9 @@ def test_electra_preset_generators_are_a_third_or_a_quarter_wide():
     for name, ratio in [("base", 3), ("base_pp", 3), ("small", 4)]:
         p = presets[name]
         gen = p.generators.electra
-        assert gen.layers is None                                           # the main model's depth
+        assert gen.layers is None  # the main model's depth
         assert gen.hidden * ratio == p.model.hidden, name
-        assert gen.hidden // gen.heads == 64 and gen.ffn == 4 * gen.hidden, name   # ELECTRA's generator
+        assert gen.hidden // gen.heads == 64 and gen.ffn == 4 * gen.hidden, name  # ELECTRA's generator
 
 
 def test_electra_token_gradient_comes_from_generator_and_discriminator():
@@ -183,7 +185,7 @@ def test_electra_token_gradient_comes_from_generator_and_discriminator():
 
 def test_electra_loss_is_mlm_plus_50_rtd_with_independent_bce():
     torch.manual_seed(0)
-    obj = jitter(build_electra()).eval()         # no dropout: everything but the sampling is fixed
+    obj = jitter(build_electra()).eval()  # no dropout: everything but the sampling is fixed
     batch = make_batch(pad_last=6, mask_prob=0.4)
     disc_inputs = capture_input(obj.discriminator)
     out = obj(batch)
@@ -214,15 +216,15 @@ def test_electra_sample_equal_to_original_is_labelled_original():
     batch = make_batch(mask_prob=0.5)
     mlm = batch.mlm_mask
     originals = torch.tensor([7, 8]).repeat(int(mlm.sum()))[: int(mlm.sum())]
-    batch.input_ids[mlm] = originals                  # masked originals alternate 7, 8
+    batch.input_ids[mlm] = originals  # masked originals alternate 7, 8
     with torch.no_grad():
-        obj.generator.head.bias[7] = 1e4              # the generator samples 7 with probability ~1
+        obj.generator.head.bias[7] = 1e4  # the generator samples 7 with probability ~1
     disc_inputs = capture_input(obj.discriminator)
     out = obj(batch)
     (replaced,) = disc_inputs
     assert torch.equal(replaced[mlm], torch.full_like(originals, 7))
     labels = replaced != batch.input_ids
-    assert torch.equal(labels[mlm], originals == 8)   # sampled 7 over an original 7: "original"
+    assert torch.equal(labels[mlm], originals == 8)  # sampled 7 over an original 7: "original"
     assert out.metrics["replaced_fraction"] == (originals == 8).sum() / batch.num_tokens
     h = obj.discriminator(replaced, batch.attention_mask)[-1]
     want = mean_bce(electra_rtd_logits(h, obj.rtd_head)[batch.attention_mask], labels[batch.attention_mask])
@@ -230,14 +232,14 @@ def test_electra_sample_equal_to_original_is_labelled_original():
     assert out.metrics["rtd_acc_original"] >= 0 and out.metrics["rtd_acc_replaced"] >= 0
 
 
-P = torch.tensor([0.40, 0.30, 0.15, 0.10, 0.05])      # a hand-made generator distribution over ids 5..9
+P = torch.tensor([0.40, 0.30, 0.15, 0.10, 0.05])  # a hand-made generator distribution over ids 5..9
 
 
 def test_sample_draws_from_the_softmax():
     torch.manual_seed(0)
     logits = P.log().expand(40_000, -1)
     freq = torch.bincount(sample(logits), minlength=5).double() / 40_000
-    assert (freq - P.double()).abs().max() < 0.01     # ~4 standard errors
+    assert (freq - P.double()).abs().max() < 0.01  # ~4 standard errors
 
 
 def test_electra_replacements_are_sampled_from_the_generator():
@@ -258,24 +260,26 @@ def test_electra_replacements_are_sampled_from_the_generator():
     drawn = torch.cat([r[batch.mlm_mask] for r in disc_inputs])
     assert len(drawn) > 5000 and drawn.min() >= 5 and drawn.max() <= 9
     freq = torch.bincount(drawn - 5, minlength=5).double() / len(drawn)
-    assert (freq - P.double()).abs().max() < 0.025    # ~4 standard errors
+    assert (freq - P.double()).abs().max() < 0.025  # ~4 standard errors
 
 
 # --------------------------------------------------------------------------------------------
 # Settings
 # --------------------------------------------------------------------------------------------
 
+
 def test_masking_settings():
     bert = method_settings("mlm", {}).masking
-    assert (bert.mask_prob, bert.mask_token_prob, bert.random_token_prob) == (0.15, 0.8, 0.1)   # 80/10/10
+    assert (bert.mask_prob, bert.mask_token_prob, bert.random_token_prob) == (0.15, 0.8, 0.1)  # 80/10/10
     electra = method_settings("electra", {})
     m = electra.masking
-    assert (m.mask_prob, m.mask_token_prob, m.random_token_prob) == (0.15, 0.85, 0.0)         # 85/0/15
+    assert (m.mask_prob, m.mask_token_prob, m.random_token_prob) == (0.15, 0.85, 0.0)  # 85/0/15
     assert electra.rtd_weight == 50.0 and electra.rtd_head == "mlp"
 
 
 def test_settings_errors_name_the_key():
     from electralab.errors import ConfigError
+
     with pytest.raises(ConfigError, match=r"methods\.electra\.rtd_weight"):
         method_settings("electra", {"rtd_weight": -1})
     with pytest.raises(ConfigError, match=r"methods\.electra\.rtd_head"):
@@ -288,27 +292,35 @@ def test_settings_errors_name_the_key():
 # Training and determinism
 # --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("method", ["mlm", "electra"])
 def test_a_few_adamw_steps_lower_the_loss_and_same_seed_same_numbers(method):
     batch = make_batch()
     settings = method_settings(method, {})
     build = lambda: build_objective(method, settings, tiny_model(), tiny_generators(), VOCAB)
     first = train_losses(build, batch, steps=6)
-    assert all(b < a for a, b in zip(first, first[1:])), first          # every step lowers it
-    assert train_losses(build, batch, steps=6) == first               # bit-identical on a fresh build
-    assert train_losses(build, batch, steps=6, seed=1) != first       # and the seed matters
+    assert all(b < a for a, b in zip(first, first[1:])), first  # every step lowers it
+    assert train_losses(build, batch, steps=6) == first  # bit-identical on a fresh build
+    assert train_losses(build, batch, steps=6, seed=1) != first  # and the seed matters
 
 
-@pytest.mark.parametrize("method, head, share", [("electra", "rtd_head", 0.15 * 0.85), ("amos", "rtd_head", 0.15 * 0.9),
-                                                 ("teams", "rtd_head", 0.15 * 0.9),
-                                                 ("cocolm", "copy_head", 1 - 0.15 * 0.9)])
+@pytest.mark.parametrize(
+    "method, head, share",
+    [
+        ("electra", "rtd_head", 0.15 * 0.85),
+        ("amos", "rtd_head", 0.15 * 0.9),
+        ("teams", "rtd_head", 0.15 * 0.9),
+        ("cocolm", "copy_head", 1 - 0.15 * 0.9),
+    ],
+)
 def test_a_base_rate_detector_bias_starts_each_detector_at_its_labels_share(method, head, share):
     # model.detector_bias: "zero" is the papers' init (p = 0.5 for every token); "base_rate" starts the RTD
     # heads at the share of replaced tokens and COCO-LM's copy head at the share of originals.
     def output_bias(bias: str) -> float:
         torch.manual_seed(0)
-        objective = build_objective(method, method_settings(method, {}), tiny_model(detector_bias=bias),
-                                    tiny_generators(), VOCAB)
+        objective = build_objective(
+            method, method_settings(method, {}), tiny_model(detector_bias=bias), tiny_generators(), VOCAB
+        )
         linear = [m for m in getattr(objective, head).net.modules() if isinstance(m, torch.nn.Linear)][-1]
         return float(torch.sigmoid(linear.bias))
 

@@ -28,8 +28,9 @@ SCHEDULE = parity.Schedule(steps=STEPS, lr=2e-3, warmup_steps=8)
 
 
 def batches(shards_dir: Path, method: str):
-    return PretrainLoader(shards_dir, "train", micro_batch_size=BATCH, seed=1,
-                          masking=method_settings(method, None).masking)
+    return PretrainLoader(
+        shards_dir, "train", micro_batch_size=BATCH, seed=1, masking=method_settings(method, None).masking
+    )
 
 
 def pair(method: str, shards_dir: Path):
@@ -43,7 +44,7 @@ def test_identical_first_forward(method, shards_dir):
     first = next(iter(batches(shards_dir, method)))
     out = parity.initial_outputs(ours, peer, first)
     assert parity.first_forward_deviation(out, method) < parity.INITIAL_TOLERANCE, out
-    if method == "electra":   # the same tokens were sampled, so the same ones count as replaced
+    if method == "electra":  # the same tokens were sampled, so the same ones count as replaced
         assert out["electralab"]["replaced_fraction"] == out["transformers"]["replaced_fraction"] > 0
 
 
@@ -59,7 +60,7 @@ def test_a_wrong_mapping_is_caught(shards_dir):
         attention.value.weight.copy_(key)
     out = parity.initial_outputs(ours, peer, next(iter(batches(shards_dir, "electra"))))
     assert out["outputs"]["gen_logits"] > 100 * parity.INITIAL_TOLERANCE, out
-    assert out["outputs"]["rtd_logits"] < parity.INITIAL_TOLERANCE   # the discriminator is untouched
+    assert out["outputs"]["rtd_logits"] < parity.INITIAL_TOLERANCE  # the discriminator is untouched
 
 
 @pytest.mark.parametrize("method", ["electra", "mlm"])
@@ -69,14 +70,15 @@ def test_loss_curves_follow_transformers(method, shards_dir):
     result = parity.compare(curves, method)
     assert result["within_tolerance"], result
     losses = curves["electralab"]["loss"]
-    assert losses[-1] < 0.9 * losses[0]   # it trained: a curve that stays put would match trivially
+    assert losses[-1] < 0.9 * losses[0]  # it trained: a curve that stays put would match trivially
 
 
 @pytest.mark.parametrize("method", ["electra", "mlm"])
 def test_a_different_learning_rate_exceeds_the_tolerance(method, shards_dir):
     """The same comparison with the peer's learning rate 20% higher fails: the tolerance can be missed."""
     ours, peer = pair(method, shards_dir)
-    curves = parity.train_side_by_side(ours, peer, iter(batches(shards_dir, method)), SCHEDULE,
-                                       peer_lr=1.2 * SCHEDULE.lr)
-    devs = {k: parity.deviation(curves, k) for k in parity.PARTS[method]}   # the curves alone, not the samplers
+    curves = parity.train_side_by_side(
+        ours, peer, iter(batches(shards_dir, method)), SCHEDULE, peer_lr=1.2 * SCHEDULE.lr
+    )
+    devs = {k: parity.deviation(curves, k) for k in parity.PARTS[method]}  # the curves alone, not the samplers
     assert not parity.within_tolerance(devs, method), devs

@@ -10,15 +10,30 @@ import pandas as pd
 import pytest
 
 from electralab.report.build import Results, fetch_results
-from electralab.report.claims import (HOLDS, NO_VERDICT, NOISE, REVERSED, check_claims, claim_columns, comparisons,
-                                      welch_p_value)
+from electralab.report.claims import (
+    HOLDS,
+    NO_VERDICT,
+    NOISE,
+    REVERSED,
+    check_claims,
+    claim_columns,
+    comparisons,
+    welch_p_value,
+)
 from electralab.report.published import published_table
 from electralab.tables import TABLES
 
 SEEDS = (1, 2, 3, 4, 5)
 NOISE_OF_SEED = {1: -0.4, 2: -0.2, 3: 0.0, 4: 0.2, 5: 0.4}
-TASKS = [("mnli", "accuracy"), ("qnli", "accuracy"), ("sst2", "accuracy"), ("cola", "mcc"), ("rte", "accuracy"),
-         ("mrpc", "accuracy"), ("stsb", "spearman")]
+TASKS = [
+    ("mnli", "accuracy"),
+    ("qnli", "accuracy"),
+    ("sst2", "accuracy"),
+    ("cola", "mcc"),
+    ("rte", "accuracy"),
+    ("mrpc", "accuracy"),
+    ("stsb", "spearman"),
+]
 
 
 def results(levels: dict[str, float], spread: float = 1.0) -> Results:
@@ -28,9 +43,22 @@ def results(levels: dict[str, float], spread: float = 1.0) -> Results:
         for task, metric in TASKS:
             seeds = {s: level + spread * NOISE_OF_SEED[s] for s in SEEDS}
             values = np.array(list(seeds.values()))
-            lines.append({"run": run, "task": task, "checkpoint": "final", "label_fraction": 1.0, "metric": metric,
-                          "median": float(np.median(values)), "std": float(values.std()), "min": values.min(),
-                          "max": values.max(), "seeds": seeds, "train_examples": TRAIN_EXAMPLES[task], "run_id": run})
+            lines.append(
+                {
+                    "run": run,
+                    "task": task,
+                    "checkpoint": "final",
+                    "label_fraction": 1.0,
+                    "metric": metric,
+                    "median": float(np.median(values)),
+                    "std": float(values.std()),
+                    "min": values.min(),
+                    "max": values.max(),
+                    "seeds": seeds,
+                    "train_examples": TRAIN_EXAMPLES[task],
+                    "run_id": run,
+                }
+            )
     return Results("tiny", "sqlite://", "0", pd.DataFrame(lines), pd.DataFrame(columns=["run", "method", "run_id"]))
 
 
@@ -44,41 +72,52 @@ def by_claim(frame: pd.DataFrame) -> dict[str, pd.Series]:
 def test_a_table_compares_its_method_with_every_row_its_extra_pairs_and_everything_with_the_control():
     spec = TABLES["coco-lm/table1"]
     pairs = [(c.run, c.than) for c in comparisons(spec, "base")]
-    assert pairs == [("cocolm", "mlm"), ("cocolm", "electra"), ("electra", "mlm"), ("mlm", "control"),
-                     ("electra", "control"), ("cocolm", "control")]
+    assert pairs == [
+        ("cocolm", "mlm"),
+        ("cocolm", "electra"),
+        ("electra", "mlm"),
+        ("mlm", "control"),
+        ("electra", "control"),
+        ("cocolm", "control"),
+    ]
     # MNLI counts once (by MNLI-m), as in the GLUE average; TEAMS prints only a GLUE average.
     assert [c.name for c in claim_columns(spec)] == ["MNLI-m", "QQP", "QNLI", "SST-2", "CoLA", "RTE", "MRPC", "STS-B"]
-    assert [c.name for c in claim_columns(TABLES["amos/table2"])] == ["MNLI-m"]   # GLUE only: SQuAD is not in the score
+    assert [c.name for c in claim_columns(TABLES["amos/table2"])] == ["MNLI-m"]  # GLUE only: SQuAD is not in the score
     assert len(claim_columns(TABLES["teams/table1"])) == 8
 
 
 def test_clear_orderings_hold_a_reversal_is_named_and_a_tie_is_within_noise():
-    frame = check_claims(TABLES["coco-lm/table1"], results({"cocolm": 60.0, "electra": 65.0, "mlm": 60.2,
-                                                             "control": 40.0}))
+    frame = check_claims(
+        TABLES["coco-lm/table1"], results({"cocolm": 60.0, "electra": 65.0, "mlm": 60.2, "control": 40.0})
+    )
     claims = by_claim(frame)
-    assert claims["cocolm>electra"]["verdict"] == REVERSED          # the paper: COCO-LM above ELECTRA
+    assert claims["cocolm>electra"]["verdict"] == REVERSED  # the paper: COCO-LM above ELECTRA
     assert claims["electra>mlm"]["verdict"] == HOLDS
-    assert claims["cocolm>mlm"]["verdict"] == NOISE                  # 0.2 points apart, seeds spread 1.6
+    assert claims["cocolm>mlm"]["verdict"] == NOISE  # 0.2 points apart, seeds spread 1.6
     assert all(claims[f"{r}>control"]["verdict"] == HOLDS for r in ("mlm", "electra", "cocolm"))
     line = claims["cocolm>electra"]
     assert line["ours"] == pytest.approx(-5.0) and line["seeds"] == 5 and line["p_value"] < 1e-6
     assert line["spread"] == pytest.approx(np.std([v for v in NOISE_OF_SEED.values()], ddof=1))
-    assert line["tasks"] == "MNLI-m, QNLI, SST-2, CoLA, RTE, MRPC, STS-B"   # QQP: not fine-tuned here
-    assert math.isnan(claims["cocolm>control"]["published"])         # no paper prints a control
+    assert line["tasks"] == "MNLI-m, QNLI, SST-2, CoLA, RTE, MRPC, STS-B"  # QQP: not fine-tuned here
+    assert math.isnan(claims["cocolm>control"]["published"])  # no paper prints a control
 
 
 def test_the_published_difference_is_the_papers_mean_over_the_same_tasks():
-    frame = check_claims(TABLES["coco-lm/table1"], results({"cocolm": 60.0, "electra": 59.0, "mlm": 58.0, "control": 40.0}))
+    frame = check_claims(
+        TABLES["coco-lm/table1"], results({"cocolm": 60.0, "electra": 59.0, "mlm": 58.0, "control": 40.0})
+    )
     pub = published_table("coco-lm", "table1", "base").set_index(["row", "column"])["value"]
     tasks = ["MNLI-m", "QNLI", "SST-2", "CoLA", "RTE", "MRPC", "STS-B"]
     expected = np.mean([pub[("COCO-LM", t)] for t in tasks]) - np.mean([pub[("ELECTRA (Ours)", t)] for t in tasks])
     assert by_claim(frame)["cocolm>electra"]["published"] == pytest.approx(expected)
     # TEAMS prints only a GLUE average: that is the published side there.
-    teams = by_claim(check_claims(TABLES["teams/table1"], results({"teams": 61.0, "electra": 60.0, "mlm": 59.0,
-                                                                  "control": 40.0})))
+    teams = by_claim(
+        check_claims(TABLES["teams/table1"], results({"teams": 61.0, "electra": 60.0, "mlm": 59.0, "control": 40.0}))
+    )
     pub = published_table("teams", "table1", "small").set_index(["row", "column"])["value"]
     assert teams["teams>electra"]["published"] == pytest.approx(
-        pub[("TEAMS-Small", "GLUE")] - pub[("ELECTRA-Small (Our reimplementation)", "GLUE")])
+        pub[("TEAMS-Small", "GLUE")] - pub[("ELECTRA-Small (Our reimplementation)", "GLUE")]
+    )
 
 
 def test_missing_rows_or_single_seeds_give_no_verdict():
@@ -100,7 +139,7 @@ def test_per_seed_values_come_back_from_the_fine_tuning_parents(store):
     # cocolm sits 0.5 points above electra and 1.0 above mlm on every task, seeds within +-0.2: all hold.
     assert claims["cocolm>electra"]["verdict"] == HOLDS and claims["cocolm>mlm"]["verdict"] == HOLDS
     assert claims["electra>mlm"]["verdict"] == HOLDS
-    assert claims["cocolm>control"]["verdict"] == NO_VERDICT        # the store has no control row
+    assert claims["cocolm>control"]["verdict"] == NO_VERDICT  # the store has no control row
 
 
 def test_the_report_says_how_much_of_each_training_set_was_used():

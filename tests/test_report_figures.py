@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F_
+from report_helpers import CORPUS, ENCODER_RUNS, STEPS, VOCAB_SIZE, median_of, tiny_encoder
 
 from electralab import CLS_ID, SEP_ID
 from electralab.data.vocab import Tokenizer
@@ -16,14 +17,13 @@ from electralab.report import Sources, cosines
 from electralab.report import figures as F
 from electralab.report.build import fetch_results, metric_history
 
-from report_helpers import CORPUS, ENCODER_RUNS, STEPS, VOCAB_SIZE, median_of, tiny_encoder
-
-pytestmark = pytest.mark.usefixtures("single_thread")   # tiny models: threads only add overhead
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: threads only add overhead
 
 PNG = b"\x89PNG\r\n\x1a\n"
 EMPTY_HISTORY = pd.DataFrame(columns=["run", "metric", "step", "value"])
-EMPTY_CELLS = pd.DataFrame(columns=["run", "task", "checkpoint", "label_fraction", "metric", "median", "std", "min",
-                                    "max", "run_id"])
+EMPTY_CELLS = pd.DataFrame(
+    columns=["run", "task", "checkpoint", "label_fraction", "metric", "median", "std", "min", "max", "run_id"]
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,17 @@ def results(store):
 def history(results):
     from electralab.report import HISTORY_METRICS
 
-    runs = ["mlm", "electra", "cocolm", "cocolm_clm_only", "cocolm_all_token_lm", "amos", "amos_gen4", "cocolm_ablation",
-            "amos_ablation"]
+    runs = [
+        "mlm",
+        "electra",
+        "cocolm",
+        "cocolm_clm_only",
+        "cocolm_all_token_lm",
+        "amos",
+        "amos_gen4",
+        "cocolm_ablation",
+        "amos_ablation",
+    ]
     return metric_history(results, runs, HISTORY_METRICS)
 
 
@@ -80,15 +89,19 @@ def test_history_lines_are_the_logged_values(history):
     drawn = lines(fig.axes[0])
     steps = np.arange(10, STEPS + 1, 10)
     np.testing.assert_allclose(drawn["layer 8"], 1 / 3 + 2 * steps / 6000, rtol=1e-6)
-    fig = F.curriculum_figure(history, "tiny")   # 2 of 5 runs logged: drawn, the others named as missing
+    fig = F.curriculum_figure(history, "tiny")  # 2 of 5 runs logged: drawn, the others named as missing
     assert set(lines(fig.axes[0])) == {"AMOS", "4-layer gen."}
     assert "amos_layer_switch/rtd_acc_replaced" in texts(fig)
     frame = F.history_frame(history, F.MIX_SERIES)
-    assert list(frame.columns) == ["step", "amos_ablation/mix_weight_exit4", "amos_ablation/mix_weight_exit6",
-                                   "amos_ablation/mix_weight_exit8"]
+    assert list(frame.columns) == [
+        "step",
+        "amos_ablation/mix_weight_exit4",
+        "amos_ablation/mix_weight_exit6",
+        "amos_ablation/mix_weight_exit8",
+    ]
     assert list(frame["step"]) == list(steps)
     empty = F.history_frame(EMPTY_HISTORY, F.CURRICULUM_SERIES)
-    assert empty.empty and len(empty.columns) == 6   # the DVC plots file keeps its columns
+    assert empty.empty and len(empty.columns) == 6  # the DVC plots file keeps its columns
 
 
 def test_efficiency_points_use_the_hours_logged_at_each_checkpoint(results, history, tmp_path):
@@ -102,10 +115,11 @@ def test_efficiency_points_use_the_hours_logged_at_each_checkpoint(results, hist
     assert list(mlm["checkpoint"]) == ["final"] and mlm["hours"].iloc[0] == pytest.approx(1.0)
     fig = F.efficiency_figure(points, "cocolm", {"mlm": "RoBERTa (Ours)", "electra": "ELECTRA (Ours)"}, "Fig. 3 (tiny)")
     np.testing.assert_allclose(lines(fig.axes[0])["cocolm"], [40.0, 45.0, 50.0, 66.6])
-    assert len(fig.axes[0].collections) == 2   # the two baselines' end points
+    assert len(fig.axes[0].collections) == 2  # the two baselines' end points
     saved(fig, tmp_path)
-    empty = F.efficiency_figure(F.efficiency_points(EMPTY_CELLS, results.pretrain, history, ["amos"]), "amos", {},
-                                "Fig. 4 (tiny)")
+    empty = F.efficiency_figure(
+        F.efficiency_points(EMPTY_CELLS, results.pretrain, history, ["amos"]), "amos", {}, "Fig. 4 (tiny)"
+    )
     assert texts(empty).count(F.NO_DATA) == 2
     saved(empty, tmp_path, "empty.png")
 
@@ -114,19 +128,24 @@ def test_sweep_figures_plot_final_medians(results, tmp_path):
     crop = F.sweep_points(results.cells, {"COCO-LM": F.CROP_RUNS}, [F.MNLI_M, F.MNLI_MM, F.GLUE_COLUMN])
     at70 = crop[(crop["x"] == 70) & (crop["column"] == "MNLI-m")].iloc[0]
     assert at70["median"] == median_of("cocolm_crop70", "mnli", "accuracy") and at70["min"] == at70["median"] - 0.5
-    assert crop[crop["x"] == 80]["median"].isna().all()   # cocolm_crop80 not fine-tuned
+    assert crop[crop["x"] == 80]["median"].isna().all()  # cocolm_crop80 not fine-tuned
     saved(F.crop_figure(crop, "tiny"), tmp_path, "crop.png")
     depth = F.sweep_points(results.cells, {"TEAMS": F.GENERATOR_DEPTH_RUNS}, F.SWEEP_COLUMNS)
     fig = F.generator_depth_figure(depth, "tiny")
-    assert list(fig.axes[1].get_lines()[0].get_xdata()) == [2, 6]   # the fine-tuned depths
+    assert list(fig.axes[1].get_lines()[0].get_xdata()) == [2, 6]  # the fine-tuned depths
     saved(fig, tmp_path, "depth.png")
     negatives = F.sweep_points(results.cells, F.NEGATIVES_RUNS, F.SWEEP_COLUMNS)
     fig = F.negatives_figure(negatives, {"GLUE AVG": 60.0, "SQuAD 2.0 F1": 51.5}, "tiny")
     assert [line.get_ydata()[0] for line in fig.axes[1].get_lines() if line.get_label() == "ELECTRA"] == [51.5]
     saved(fig, tmp_path, "negatives.png")
     wide = F.sweep_frame(negatives)
-    assert list(wide.columns) == ["x", "Sampled/GLUE AVG", "Sampled/SQuAD 2.0 F1", "Hardest/GLUE AVG",
-                                  "Hardest/SQuAD 2.0 F1"]
+    assert list(wide.columns) == [
+        "x",
+        "Sampled/GLUE AVG",
+        "Sampled/SQuAD 2.0 F1",
+        "Hardest/GLUE AVG",
+        "Hardest/SQuAD 2.0 F1",
+    ]
     none = F.sweep_points(EMPTY_CELLS, {"TEAMS": F.GENERATOR_DEPTH_RUNS}, F.SWEEP_COLUMNS)
     fig = F.generator_depth_figure(none, "tiny")
     assert texts(fig).count(F.NO_DATA) == 2
@@ -135,22 +154,25 @@ def test_sweep_figures_plot_final_medians(results, tmp_path):
 
 # --- COCO-LM Fig. 1/5 -----------------------------------------------------------------------------------
 
+
 def test_pair_cosines_match_an_unbatched_computation(store):
     torch.manual_seed(0)
     encoder = tiny_encoder(VOCAB_SIZE, seed=7)
-    with torch.no_grad():   # larger weights than BERT's init, so that [CLS] states differ between texts
+    with torch.no_grad():  # larger weights than BERT's init, so that [CLS] states differ between texts
         for p in encoder.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.5)
-    pairs = [("A man is playing a guitar.", "A man plays the guitar loudly on a stage tonight."),
-             ("The cat sat.", "Stocks fell sharply in early trading on Monday, analysts said."),
-             ("Same text here.", "Same text here.")]
+    pairs = [
+        ("A man is playing a guitar.", "A man plays the guitar loudly on a stage tonight."),
+        ("The cat sat.", "Stocks fell sharply in early trading on Monday, analysts said."),
+        ("Same text here.", "Same text here."),
+    ]
     tokenizer = Tokenizer(store.vocab_dir)
     got = F.pair_cosines(encoder, tokenizer, pairs)
     ids = F.encode_texts(tokenizer, [t for p in pairs for t in p], max_len=64)
     assert all(x[0] == CLS_ID and x[-1] == SEP_ID for x in ids)
     encoder.eval()
-    with torch.no_grad():   # one sequence at a time: no padding, no mask
+    with torch.no_grad():  # one sequence at a time: no padding, no mask
         cls = [encoder(torch.tensor([x]))[-1][0, 0] for x in ids]
     expected = [float(F_.cosine_similarity(cls[2 * i], cls[2 * i + 1], dim=0)) for i in range(len(pairs))]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
@@ -158,21 +180,28 @@ def test_pair_cosines_match_an_unbatched_computation(store):
 
 
 def test_encode_texts_normalises_like_the_corpus(store):
-    tokenizer = Tokenizer(store.vocab_dir)   # uncased, like the session corpus
+    tokenizer = Tokenizer(store.vocab_dir)  # uncased, like the session corpus
     assert F.encode_texts(tokenizer, ["  Café\tTHE  film "], 64) == F.encode_texts(tokenizer, ["cafe the film"], 64)
     assert len(F.encode_texts(tokenizer, ["word " * 500], 32)[0]) == 32
 
 
 def test_stsb_reader_and_corpus_pairs(tmp_path):
     tsv = tmp_path / "dev.tsv"
-    tsv.write_text("\ufeffindex\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
-                   '0\tnews\tf\t2012\t0\tnone\tnone\tHe said "yes.\tHe said "yes".\t5.000\n'
-                   "1\tnews\tf\t2012\t1\tnone\tnone\tA b.\tC d.\t4.750\n"
-                   "2\tnews\tf\t2012\t2\tnone\tnone\tE f.\tE f!\t5.0\n", encoding="utf-8")
+    tsv.write_text(
+        "\ufeffindex\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+        '0\tnews\tf\t2012\t0\tnone\tnone\tHe said "yes.\tHe said "yes".\t5.000\n'
+        "1\tnews\tf\t2012\t1\tnone\tnone\tA b.\tC d.\t4.750\n"
+        "2\tnews\tf\t2012\t2\tnone\tnone\tE f.\tE f!\t5.0\n",
+        encoding="utf-8",
+    )
     assert F.read_stsb_similar(tsv) == [('He said "yes.', 'He said "yes".'), ("E f.", "E f!")]
     corpus = tmp_path / "c.txt"
-    corpus.write_text(" = Heading = \n" + "\n".join(f"paragraph {i} has quite a few words in it ok" for i in range(5))
-                      + "\nshort line\n", encoding="utf-8")
+    corpus.write_text(
+        " = Heading = \n"
+        + "\n".join(f"paragraph {i} has quite a few words in it ok" for i in range(5))
+        + "\nshort line\n",
+        encoding="utf-8",
+    )
     pairs = F.corpus_pairs([corpus], 20, seed=1)
     assert len(pairs) == 20 and all(a != b and a.startswith("paragraph") for a, b in pairs)
     assert pairs == F.corpus_pairs([corpus], 20, seed=1)
@@ -180,8 +209,9 @@ def test_stsb_reader_and_corpus_pairs(tmp_path):
 
 def test_cosines_from_the_logged_encoders_and_the_figure(results, tmp_path):
     tsv = tmp_path / "dev.tsv"
-    tsv.write_text("sentence1\tsentence2\tscore\nA man runs.\tA man is running.\t5.0\nA dog.\tA cat.\t1.0\n",
-                   encoding="utf-8")
+    tsv.write_text(
+        "sentence1\tsentence2\tscore\nA man runs.\tA man is running.\t5.0\nA dog.\tA cat.\t1.0\n", encoding="utf-8"
+    )
     frame = cosines(results, Sources(stsb_dev=tsv, corpus_files=(CORPUS,), random_pairs=30))
     assert set(frame["run"]) == set(ENCODER_RUNS)
     counts = frame.groupby(["run", "pairs"]).size()
@@ -190,7 +220,7 @@ def test_cosines_from_the_logged_encoders_and_the_figure(results, tmp_path):
     fig = F.cosine_figure(frame, "tiny")
     assert all(ax.patches for ax in fig.axes)
     saved(fig, tmp_path)
-    empty = cosines(results, Sources())   # no STS-B, no corpus: the figure says so
+    empty = cosines(results, Sources())  # no STS-B, no corpus: the figure says so
     fig = F.cosine_figure(empty, "tiny")
     assert texts(fig).count(F.NO_DATA) == 3
     saved(fig, tmp_path, "empty.png")

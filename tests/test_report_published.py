@@ -13,8 +13,8 @@ import pytest
 
 from electralab.report.published import KEY, published, published_table
 
-GLUE8 = ["MNLI-m", "QQP", "QNLI", "SST-2", "CoLA", "RTE", "MRPC", "STS-B"]   # AVG counts MNLI by MNLI-m
-TOLERANCE = 0.1 + 1e-9   # each printed task and the printed AVG are rounded to 0.1: |error| <= 0.05 + 0.05
+GLUE8 = ["MNLI-m", "QQP", "QNLI", "SST-2", "CoLA", "RTE", "MRPC", "STS-B"]  # AVG counts MNLI by MNLI-m
+TOLERANCE = 0.1 + 1e-9  # each printed task and the printed AVG are rounded to 0.1: |error| <= 0.05 + 0.05
 
 # Rows whose printed AVG is not the mean of their printed tasks; the numbers stay as printed.
 AVG_TYPOS = {
@@ -26,8 +26,14 @@ AVG_TYPOS = {
 
 
 def wide(df):
-    return df.pivot_table(index=["paper", "table", "setting", "row"], columns="column", values="value",
-                          aggfunc="first", sort=False, dropna=False)
+    return df.pivot_table(
+        index=["paper", "table", "setting", "row"],
+        columns="column",
+        values="value",
+        aggfunc="first",
+        sort=False,
+        dropna=False,
+    )
 
 
 def avg_rows():
@@ -50,7 +56,7 @@ def test_every_avg_row_is_checked():
 
 
 # AMOS Table 2 rounds differences of unrounded medians; Table 8 prints the rounded medians.
-TABLE2_ROUNDING = {("6-layer gen.", "SQuAD 2.0 EM")}   # printed -1.1; Table 8: 83.2 - 84.2 = -1.0
+TABLE2_ROUNDING = {("6-layer gen.", "SQuAD 2.0 EM")}  # printed -1.1; Table 8: 83.2 - 84.2 = -1.0
 
 
 def test_amos_table2_is_table8_minus_amos_base():
@@ -81,14 +87,21 @@ SAME_ROWS = [
     (("amos", "table8", "base", "AMOS Base"), ("amos", "table1", "base", "AMOS")),
     (("amos", "table9", "base", "On (4,6,8) (AMOS)"), ("amos", "table8", "base", "AMOS Base")),
     (("teams", "table2", "small++", "Only MLM (i.e., BERT)"), ("teams", "table1", "small++", "BERT-Small++")),
-    (("teams", "table2", "small++", "Only RTD (i.e., ELECTRA)"),
-     ("teams", "table1", "small++", "ELECTRA-Small++ (Our reimplementation)")),
+    (
+        ("teams", "table2", "small++", "Only RTD (i.e., ELECTRA)"),
+        ("teams", "table1", "small++", "ELECTRA-Small++ (Our reimplementation)"),
+    ),
     (("teams", "table2", "small++", "RTD + MWS (i.e., TEAMS)"), ("teams", "table1", "small++", "TEAMS-Small++")),
-    (("teams", "table3", "small++", "ELECTRA-Small++"),
-     ("teams", "table1", "small++", "ELECTRA-Small++ (Our reimplementation)")),
+    (
+        ("teams", "table3", "small++", "ELECTRA-Small++"),
+        ("teams", "table1", "small++", "ELECTRA-Small++ (Our reimplementation)"),
+    ),
     (("teams", "table3", "small++", "TEAMS-Small++"), ("teams", "table1", "small++", "TEAMS-Small++")),
     (("teams", "table4", "small++", "TEAMS-Small++"), ("teams", "table1", "small++", "TEAMS-Small++")),
-    (("teams", "table4", "base++", "ELECTRA-Base++"), ("teams", "table1", "base++", "ELECTRA-Base++ (Our reimplementation)")),
+    (
+        ("teams", "table4", "base++", "ELECTRA-Base++"),
+        ("teams", "table1", "base++", "ELECTRA-Base++ (Our reimplementation)"),
+    ),
     (("teams", "table4", "base++", "TEAMS-Base++"), ("teams", "table1", "base++", "TEAMS-Base++")),
 ]
 
@@ -104,28 +117,46 @@ def test_repeated_rows_agree(a, b):
         for field in ("value", "std"):
             u, v = x.loc[column, field], y.loc[column, field]
             if field == "std" and (math.isnan(u) or math.isnan(v)):
-                continue   # only AMOS Tables 8 and 9 print stds
+                continue  # only AMOS Tables 8 and 9 print stds
             assert u == v or (math.isnan(u) and math.isnan(v)), (column, field, u, v)
 
 
 # Rows per (paper, table, setting) as printed, and the columns every row of the table has.
 SHAPES = {
-    ("coco-lm", "table1", "base"): 10, ("coco-lm", "table1", "base++"): 6, ("coco-lm", "table1", "large++"): 7,
+    ("coco-lm", "table1", "base"): 10,
+    ("coco-lm", "table1", "base++"): 6,
+    ("coco-lm", "table1", "large++"): 7,
     ("coco-lm", "table3", "base"): 11,
-    ("amos", "table1", "base"): 10, ("amos", "table1", "base++"): 7, ("amos", "table2", "base"): 11,
-    ("amos", "table8", "base"): 13, ("amos", "table9", "base"): 4,
-    ("teams", "table1", "small"): 3, ("teams", "table1", "small++"): 4, ("teams", "table1", "base"): 3,
-    ("teams", "table1", "base++"): 4, ("teams", "table1", "large"): 4, ("teams", "table2", "small++"): 4,
-    ("teams", "table3", "small++"): 5, ("teams", "table4", "small++"): 4, ("teams", "table4", "base++"): 3,
+    ("amos", "table1", "base"): 10,
+    ("amos", "table1", "base++"): 7,
+    ("amos", "table2", "base"): 11,
+    ("amos", "table8", "base"): 13,
+    ("amos", "table9", "base"): 4,
+    ("teams", "table1", "small"): 3,
+    ("teams", "table1", "small++"): 4,
+    ("teams", "table1", "base"): 3,
+    ("teams", "table1", "base++"): 4,
+    ("teams", "table1", "large"): 4,
+    ("teams", "table2", "small++"): 4,
+    ("teams", "table3", "small++"): 5,
+    ("teams", "table4", "small++"): 4,
+    ("teams", "table4", "base++"): 3,
 }
 GLUE9 = ["MNLI-m", "MNLI-mm", "QQP", "QNLI", "SST-2", "CoLA", "RTE", "MRPC", "STS-B"]
 SQUAD2 = ["SQuAD 2.0 EM", "SQuAD 2.0 F1"]
 TEAMS = ["GLUE", "SQuAD 1.1 EM", "SQuAD 1.1 F1", *SQUAD2]
-COLUMNS = {("coco-lm", "table1"): ["Params (M)", *GLUE9, "AVG", *SQUAD2], ("coco-lm", "table3"): [*GLUE9, "AVG"],
-           ("amos", "table1"): ["Params (M)", *GLUE9, "AVG", *SQUAD2], ("amos", "table2"): ["MNLI-m", "MNLI-mm", *SQUAD2],
-           ("amos", "table8"): [*GLUE9, *SQUAD2], ("amos", "table9"): [*GLUE9, *SQUAD2],
-           ("teams", "table1"): ["Params (M)", *TEAMS], ("teams", "table2"): TEAMS, ("teams", "table3"): TEAMS,
-           ("teams", "table4"): TEAMS}
+COLUMNS = {
+    ("coco-lm", "table1"): ["Params (M)", *GLUE9, "AVG", *SQUAD2],
+    ("coco-lm", "table3"): [*GLUE9, "AVG"],
+    ("amos", "table1"): ["Params (M)", *GLUE9, "AVG", *SQUAD2],
+    ("amos", "table2"): ["MNLI-m", "MNLI-mm", *SQUAD2],
+    ("amos", "table8"): [*GLUE9, *SQUAD2],
+    ("amos", "table9"): [*GLUE9, *SQUAD2],
+    ("teams", "table1"): ["Params (M)", *TEAMS],
+    ("teams", "table2"): TEAMS,
+    ("teams", "table3"): TEAMS,
+    ("teams", "table4"): TEAMS,
+}
 
 
 def test_every_table_row_and_column_is_transcribed():
@@ -142,9 +173,9 @@ def test_every_table_row_and_column_is_transcribed():
 
 def test_missing_is_empty_not_zero():
     df = published().set_index(KEY)
-    assert math.isnan(df.loc[("coco-lm", "table1", "base", "BERT [11]", "MNLI-mm"), "value"])     # "84.5/-"
-    assert math.isnan(df.loc[("coco-lm", "table1", "base", "RoBERTa [31]", "QQP"), "value"])     # "—"
-    assert math.isnan(df.loc[("amos", "table1", "base", "XLNet (Yang et al., 2019)", "AVG"), "value"])   # "-"
+    assert math.isnan(df.loc[("coco-lm", "table1", "base", "BERT [11]", "MNLI-mm"), "value"])  # "84.5/-"
+    assert math.isnan(df.loc[("coco-lm", "table1", "base", "RoBERTa [31]", "QQP"), "value"])  # "—"
+    assert math.isnan(df.loc[("amos", "table1", "base", "XLNet (Yang et al., 2019)", "AVG"), "value"])  # "-"
     zeros = df[df["value"] == 0].reset_index()
     # The only printed zeros are AMOS Table 2's "0.0" differences.
     assert set(zeros["table"]) == {"table2"} and len(zeros) == 4
@@ -154,7 +185,7 @@ def test_printed_precision_and_stds():
     df = published()
     assert df.loc[(df["row"] == "ELECTRA [7]") & (df["column"] == "MNLI-m"), "value"].tolist() == [86.0, 90.9]
     teams = df[(df["paper"] == "teams") & (df["column"] != "Params (M)")]
-    assert (teams["decimals"] == 2).all()   # TEAMS prints 81.99; the report shows ours the same way
+    assert (teams["decimals"] == 2).all()  # TEAMS prints 81.99; the report shows ours the same way
     has_std = df[df["std"].notna()]
     assert set(zip(has_std["paper"], has_std["table"])) == {("amos", "table8"), ("amos", "table9")}
     amos8 = published_table("amos", "table8")

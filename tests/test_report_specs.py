@@ -25,8 +25,18 @@ def registry():
 
 
 def test_the_issue_tables_are_specified():
-    assert list(TABLES) == ["coco-lm/table1", "coco-lm/table3", "amos/table1", "amos/table2", "amos/table8",
-                            "amos/table9", "teams/table1", "teams/table2", "teams/table3", "teams/table4"]
+    assert list(TABLES) == [
+        "coco-lm/table1",
+        "coco-lm/table3",
+        "amos/table1",
+        "amos/table2",
+        "amos/table8",
+        "amos/table9",
+        "teams/table1",
+        "teams/table2",
+        "teams/table3",
+        "teams/table4",
+    ]
     assert set(TABLES) <= set(RUN_TABLES)
 
 
@@ -60,6 +70,6 @@ def test_columns_exist_in_the_data_and_name_contract_metrics(key):
 
 
 def test_a_table_naming_an_unknown_run_is_a_clear_error(registry):
-    check_specs(registry)   # the real registry passes
+    check_specs(registry)  # the real registry passes
     with pytest.raises(ConfigError, match="coco-lm/table3 names run 'cocolm_no_copy'"):
         check_specs(set(registry) - {"cocolm_no_copy"})

@@ -14,20 +14,29 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from project_helpers import stage_args
+from report_helpers import CORPUS, _run, median_of
 
 from electralab.report import stem
 from electralab.report.track import ROW_STAGE
 from electralab.tables import TABLES
 
-from project_helpers import stage_args
-from report_helpers import CORPUS, _run, median_of
-
-pytestmark = pytest.mark.usefixtures("single_thread")   # tiny models: threads only add overhead
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: threads only add overhead
 
 ROOT = Path(__file__).resolve().parents[1]
-ARGS = stage_args("report")[1:]   # dvc.yaml's paths, relative to the project root: the tests work there
-FIGURES = ["coco-lm/fig1-5", "coco-lm/fig3", "coco-lm/fig4", "coco-lm/fig7a", "coco-lm/fig8", "amos/fig3a",
-           "amos/fig3b", "amos/fig4", "teams/fig4", "teams/fig5"]
+ARGS = stage_args("report")[1:]  # dvc.yaml's paths, relative to the project root: the tests work there
+FIGURES = [
+    "coco-lm/fig1-5",
+    "coco-lm/fig3",
+    "coco-lm/fig4",
+    "coco-lm/fig7a",
+    "coco-lm/fig8",
+    "amos/fig3a",
+    "amos/fig3b",
+    "amos/fig4",
+    "teams/fig4",
+    "teams/fig5",
+]
 
 
 def load_stage():
@@ -43,7 +52,8 @@ def project(tmp_path: Path, preset: str) -> tuple[Path, Path]:
     (data / "glue" / "STS-B").mkdir(parents=True)
     (data / "corpus").mkdir()
     (data / "glue" / "STS-B" / "dev.tsv").write_text(
-        "sentence1\tsentence2\tscore\nA man runs.\tA man is running.\t5.000\nA dog.\tA cat.\t1.0\n", encoding="utf-8")
+        "sentence1\tsentence2\tscore\nA man runs.\tA man is running.\t5.000\nA dog.\tA cat.\t1.0\n", encoding="utf-8"
+    )
     text = CORPUS.read_text(encoding="utf-8")[:50_000]
     for name in ("wikitext-2-raw_test_nonblank.txt", "enwiki_featured_articles.txt", "enwiki_good_articles_sample.txt"):
         (data / "corpus" / name).write_text(text, encoding="utf-8")
@@ -61,6 +71,7 @@ def env(monkeypatch, store):
         monkeypatch.setenv("DVC_ROOT", str(root))
         monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
         monkeypatch.setenv("ELECTRALAB_DATA", str(data))
+
     return use
 
 
@@ -75,10 +86,11 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     reports = root / "reports"
     for key in TABLES:
         assert (reports / "tables" / f"{stem(key)}.md").read_text().startswith(f"### {TABLES[key].name} — ours: tiny")
-        assert "Data: tiny preset: corpus enwiki_featured_articles.txt, enwiki_good_articles_sample.txt (offline " \
-               "mirror); 8192-piece uncased BPE; main model 12 layers x 64 hidden; 2000 steps (ablation runs: 700 " \
-               "steps) x 32 sequences x 128 tokens" in \
-            (reports / "tables" / f"{stem(key)}.md").read_text()
+        assert (
+            "Data: tiny preset: corpus enwiki_featured_articles.txt, enwiki_good_articles_sample.txt (offline "
+            "mirror); 8192-piece uncased BPE; main model 12 layers x 64 hidden; 2000 steps (ablation runs: 700 "
+            "steps) x 32 sequences x 128 tokens" in (reports / "tables" / f"{stem(key)}.md").read_text()
+        )
         csv = pd.read_csv(reports / "tables" / f"{stem(key)}.csv")
         assert (csv["preset"] == "tiny").all()
     for key in FIGURES:
@@ -90,26 +102,28 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     assert "| `cocolm_rtd_only` |" in (reports / "report.md").read_text()
     t3 = pd.read_csv(reports / "tables" / "coco-lm_table3.csv")
     rte = t3[(t3["row"] == "CLM w/o. Copy") & (t3["column"] == "RTE")].iloc[0]
-    assert pd.isna(rte["ours"]) and rte["published"] == 76.9        # missing stays empty in the CSV
-    assert rte["why"] == "RTE: no dev split: glue/RTE/dev.tsv is not in the ELECTRALAB_DATA mirror"   # says why
+    assert pd.isna(rte["ours"]) and rte["published"] == 76.9  # missing stays empty in the CSV
+    assert rte["why"] == "RTE: no dev split: glue/RTE/dev.tsv is not in the ELECTRALAB_DATA mirror"  # says why
     assert (t3["ours"].isna() == t3["why"].notna()).all()
     metrics = json.loads((root / "metrics" / "report.json").read_text())
     assert metrics["mnli_m"]["mlm"] == median_of("mlm", "mnli", "accuracy")
-    assert "cocolm_no_copy" not in metrics["glue_avg"]              # 7 of 8 tasks: no average
-    assert metrics["cells"]["coco-lm/table3"] == {"filled": 98, "total": 120}   # the control row is not filled here
+    assert "cocolm_no_copy" not in metrics["glue_avg"]  # 7 of 8 tasks: no average
+    assert metrics["cells"]["coco-lm/table3"] == {"filled": 98, "total": 120}  # the control row is not filled here
 
     # The report stage of dvc.yaml: its deps exist, its plots files are the ones written.
     snippet = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     report = snippet["stages"]["report"]
     assert report["always_changed"] is True and report["outs"] == [
-        {"reports": {"persist": True}}, {"metrics/report.json": {"cache": False, "persist": True}}]
-    assert snippet["metrics"] == ["metrics"]   # `dvc metrics show` reads every metrics file there is
+        {"reports": {"persist": True}},
+        {"metrics/report.json": {"cache": False, "persist": True}},
+    ]
+    assert snippet["metrics"] == ["metrics"]  # `dvc metrics show` reads every metrics file there is
     assert all((ROOT / d).exists() for d in report["deps"] if not d.startswith("metrics/"))
     for entry in snippet["plots"]:
         if isinstance(entry, str):
             assert (root / entry).is_dir()
             continue
-        (path, spec), = entry.items()
+        ((path, spec),) = entry.items()
         columns = pd.read_csv(root / path).columns
         assert spec["x"] in columns and set(spec["y"]) <= set(columns), path
 
@@ -118,11 +132,17 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     experiment = client.get_experiment_by_name("electralab-tiny").experiment_id
     report_runs = client.search_runs([experiment], "tags.stage = 'report'")
     assert len(report_runs) == 1 and report_runs[0].info.status == "FINISHED"
-    assert {a.path for a in client.list_artifacts(report_runs[0].info.run_id)} >= \
-        {"index.html", "report.md", "tables", "figures", "plots"}
-    rows = client.search_runs([experiment], f"tags.stage = '{ROW_STAGE}' and tags.report_latest = 'true' "
-                                            "and tags.tables = 'coco-lm/table3'")
-    assert len(rows) == 12   # the 11 rows we train and the control
+    assert {a.path for a in client.list_artifacts(report_runs[0].info.run_id)} >= {
+        "index.html",
+        "report.md",
+        "tables",
+        "figures",
+        "plots",
+    }
+    rows = client.search_runs(
+        [experiment], f"tags.stage = '{ROW_STAGE}' and tags.report_latest = 'true' and tags.tables = 'coco-lm/table3'"
+    )
+    assert len(rows) == 12  # the 11 rows we train and the control
     rtd = [r for r in rows if r.data.tags["run"] == "cocolm_rtd_only"][0]
     assert rtd.data.metrics["CoLA"] == median_of("cocolm_rtd_only", "cola", "mcc")
     assert rtd.data.metrics["published/CoLA"] == 67.3 and rtd.data.metrics["std/CoLA"] == 0.3
@@ -131,8 +151,9 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
     # A second build: the filter shows only the newest rows.
     stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml"), *ARGS], stage.arguments)
     assert len(client.search_runs([experiment], "tags.stage = 'report'")) == 2
-    latest = client.search_runs([experiment], f"tags.stage = '{ROW_STAGE}' and tags.report_latest = 'true' "
-                                              "and tags.tables = 'coco-lm/table3'")
+    latest = client.search_runs(
+        [experiment], f"tags.stage = '{ROW_STAGE}' and tags.report_latest = 'true' and tags.tables = 'coco-lm/table3'"
+    )
     assert len(latest) == 12 and {r.info.run_id for r in latest}.isdisjoint({r.info.run_id for r in rows})
 
 
@@ -160,7 +181,7 @@ def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, stor
     with pytest.raises(SystemExit) as exit_info:
         stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml"), *ARGS], stage.arguments)
     assert exit_info.value.code == 2
-    assert "format='something-else'" in capsys.readouterr().err   # load_encoder's error, one line
+    assert "format='something-else'" in capsys.readouterr().err  # load_encoder's error, one line
     assert [p.name for p in (root / "reports").iterdir()] == ["index.html"]
     assert (root / "reports" / "index.html").read_text() == "the previous report"
     assert not (root / "metrics").exists()
@@ -170,8 +191,13 @@ def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, stor
 
 def test_cli_without_an_experiment_for_the_preset_is_one_line_exit_2(tmp_path, store):
     root, data = project(tmp_path, "base")
-    env = {**os.environ, "DVC_ROOT": str(root), "MLFLOW_TRACKING_URI": store.uri, "ELECTRALAB_DATA": str(data),
-           "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "DVC_ROOT": str(root),
+        "MLFLOW_TRACKING_URI": store.uri,
+        "ELECTRALAB_DATA": str(data),
+        "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     cmd = [sys.executable, str(ROOT / "stages" / "report.py"), *ARGS, "--params", str(root / "params.yaml")]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
@@ -187,9 +213,9 @@ def test_every_number_comes_from_the_runs_the_workspace_names_not_the_latest(tmp
     metrics files name, marks a diverged task failed and says why one could not run; once the experiment's
     pretraining is in the workspace, mlm's fine-tuning (of the other model) is left out as stale."""
     from mlflow import MlflowClient
+    from report_helpers import finetune_tags, parent_metrics
 
     from electralab.io import write_json
-    from report_helpers import finetune_tags, parent_metrics
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -203,17 +229,21 @@ def test_every_number_comes_from_the_runs_the_workspace_names_not_the_latest(tmp
         return _run(client, experiment, f"mlm/{task}", {**finetune_tags("mlm", task), **tags}, metrics, start=start)
 
     base, short, other = pretrain(100, "", 1000), pretrain(20, "short", 2000), pretrain(50, "other", 3000)
-    parents = {"rte": parent("rte", parent_metrics({"accuracy": 70.0}), 1100),
-               "stsb": parent("stsb", {}, 1100, failed_metrics="pearson,spearman"),
-               "qqp": parent("qqp", {}, 1100, missing="no dev split: glue/QQP/dev.tsv is not in the mirror")}
-    parent("rte", parent_metrics({"accuracy": 99.0}), 3100)           # fine-tuning of `other`: the latest
+    parents = {
+        "rte": parent("rte", parent_metrics({"accuracy": 70.0}), 1100),
+        "stsb": parent("stsb", {}, 1100, failed_metrics="pearson,spearman"),
+        "qqp": parent("qqp", {}, 1100, missing="no dev split: glue/QQP/dev.tsv is not in the mirror"),
+    }
+    parent("rte", parent_metrics({"accuracy": 99.0}), 3100)  # fine-tuning of `other`: the latest
     root, data = project(tmp_path, "tiny")
     for name, value in (("DVC_ROOT", str(root)), ("MLFLOW_TRACKING_URI", uri), ("ELECTRALAB_DATA", str(data))):
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(root)
     write_json(root / "metrics" / "pretrain" / "mlm.json", {"steps": 100, "mlflow_run_id": base})
-    write_json(root / "metrics" / "finetune" / "mlm.json",
-               {"rte": {"accuracy": 70.0}, "mlflow": {"pretrain_run_id": base, "parents": parents}})
+    write_json(
+        root / "metrics" / "finetune" / "mlm.json",
+        {"rte": {"accuracy": 70.0}, "mlflow": {"pretrain_run_id": base, "parents": parents}},
+    )
     stage = load_stage()
 
     def cells() -> pd.DataFrame:
@@ -222,7 +252,7 @@ def test_every_number_comes_from_the_runs_the_workspace_names_not_the_latest(tmp
         return table[table["run"] == "mlm"].set_index("column")
 
     mlm = cells()
-    assert mlm.loc["RTE", "ours"] == 70.0                              # not 99.0, the latest run's
+    assert mlm.loc["RTE", "ours"] == 70.0  # not 99.0, the latest run's
     assert mlm.loc["STS-B", "failed"] and pd.isna(mlm.loc["STS-B", "ours"])
     assert not mlm.loc["RTE", "failed"] and pd.isna(mlm.loc["QQP", "ours"])
     report = (root / "reports" / "report.md").read_text()
@@ -231,7 +261,7 @@ def test_every_number_comes_from_the_runs_the_workspace_names_not_the_latest(tmp
     table1 = (root / "reports" / "tables" / "coco-lm_table1.md").read_text()
     assert "| failed / " in table1
 
-    write_json(root / "metrics" / "pretrain" / "mlm.json", {"steps": 20, "mlflow_run_id": short})   # the exp
+    write_json(root / "metrics" / "pretrain" / "mlm.json", {"steps": 20, "mlflow_run_id": short})  # the exp
     mlm = cells()
     assert mlm["ours"].isna().all()
     report = (root / "reports" / "report.md").read_text()
@@ -257,5 +287,5 @@ def test_a_killed_builds_report_run_is_closed_by_the_next_build(tmp_path):
     elsewhere = client.create_run(results.experiment_id, tags={"stage": "report", "reports_dir": str(tmp_path / "x")})
     built = log_report(results, reports, {})
     assert client.get_run(killed.info.run_id).info.status == "KILLED"
-    assert client.get_run(elsewhere.info.run_id).info.status == "RUNNING"     # another directory's build
+    assert client.get_run(elsewhere.info.run_id).info.status == "RUNNING"  # another directory's build
     assert client.get_run(built).info.status == "FINISHED"

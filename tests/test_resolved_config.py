@@ -43,8 +43,13 @@ def resolved(raw: dict) -> dict:
             assert p["generators"] == preset["generators"], run_name
             budgets.setdefault(p["budget"], _changed(p["pretrain"], preset["pretrain"]))
             assert budgets[p["budget"]] == _changed(p["pretrain"], preset["pretrain"]), run_name
-            own = {"method": p["method"], "budget": p["budget"], "seed": p["seed"], "settings": p["settings"],
-                   "model": _changed(p["model"], preset["model"])}
+            own = {
+                "method": p["method"],
+                "budget": p["budget"],
+                "seed": p["seed"],
+                "settings": p["settings"],
+                "model": _changed(p["model"], preset["model"]),
+            }
             seen = out["runs"].setdefault(run_name, own)
             assert seen == own, f"run {run_name} resolves differently at preset {name}: {own} vs {seen}"
     return out
@@ -52,8 +57,11 @@ def resolved(raw: dict) -> dict:
 
 def _differences(want, got, path: str = "") -> list[str]:
     if isinstance(want, dict) and isinstance(got, dict):
-        return [d for k in sorted(set(want) | set(got), key=str)
-                for d in _differences(want.get(k, "<absent>"), got.get(k, "<absent>"), f"{path}.{k}" if path else k)]
+        return [
+            d
+            for k in sorted(set(want) | set(got), key=str)
+            for d in _differences(want.get(k, "<absent>"), got.get(k, "<absent>"), f"{path}.{k}" if path else k)
+        ]
     return [] if want == got else [f"{path}: pinned {want!r}, now {got!r}"]
 
 
@@ -63,18 +71,21 @@ def current() -> dict:
 
 def test_every_run_of_every_preset_resolves_as_pinned():
     differences = _differences(json.loads(FIXTURE.read_text(encoding="utf-8")), current())
-    assert not differences, ("the resolved configuration changed (if deliberately: "
-                             "python tests/test_resolved_config.py --write):\n" + "\n".join(differences[:40]))
+    assert not differences, (
+        "the resolved configuration changed (if deliberately: "
+        "python tests/test_resolved_config.py --write):\n" + "\n".join(differences[:40])
+    )
 
 
 def test_the_pin_fails_on_any_changed_value():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
-    raw["presets"]["small"]["pretrain"]["precision"] = "fp32"     # a value the preset did not state
-    raw["methods"]["electra"] = {"rtd_weight": 40.0}                # a departure from the paper
+    raw["presets"]["small"]["pretrain"]["precision"] = "fp32"  # a value the preset did not state
+    raw["methods"]["electra"] = {"rtd_weight": 40.0}  # a departure from the paper
     differences = _differences(json.loads(FIXTURE.read_text(encoding="utf-8")), resolved(raw))
-    assert set(differences) == {"presets.small.pretrain.precision: pinned 'auto', now 'fp32'",
-                                *(f"runs.{run}.settings.rtd_weight: pinned 50.0, now 40.0"
-                                  for run in ("electra", "electra_ablation"))}
+    assert set(differences) == {
+        "presets.small.pretrain.precision: pinned 'auto', now 'fp32'",
+        *(f"runs.{run}.settings.rtd_weight: pinned 50.0, now 40.0" for run in ("electra", "electra_ablation")),
+    }
 
 
 def write() -> None:
@@ -82,7 +93,7 @@ def write() -> None:
     lines = ["{", ' "presets": ' + json.dumps(data["presets"], indent=1, sort_keys=True).replace("\n", "\n ") + ","]
     lines.append(' "budgets": ' + json.dumps(data["budgets"], sort_keys=True) + ",")
     lines.append(' "runs": {')
-    runs = [f'  {json.dumps(name)}: {json.dumps(run, sort_keys=True)}' for name, run in data["runs"].items()]
+    runs = [f"  {json.dumps(name)}: {json.dumps(run, sort_keys=True)}" for name, run in data["runs"].items()]
     lines.append(",\n".join(runs))
     lines.append(" }")
     lines.append("}")

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT
 
 SRC = ROOT / "src"
@@ -29,8 +28,10 @@ SRC = ROOT / "src"
 
 def stages() -> dict[str, dict]:
     """dvc.yaml's stages; a per-run stage (foreach) by its `do` template."""
-    return {name: stage.get("do", stage) for name, stage in
-            yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"].items()}
+    return {
+        name: stage.get("do", stage)
+        for name, stage in yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"].items()
+    }
 
 
 def script_of(stage: dict) -> str:
@@ -80,13 +81,16 @@ def imported_anywhere(script: Path) -> set[Path]:
 
 def loaded_on_import(script: Path) -> set[Path]:
     """The library files sys.modules holds once the script is imported, in a fresh interpreter."""
-    code = ("import json, runpy, sys\n"
-            "runpy.run_path(sys.argv[1], run_name='stage_under_test')\n"   # not __main__: nothing runs
-            "print(json.dumps([getattr(m, '__file__', None) or '' for m in list(sys.modules.values())]))")
+    code = (
+        "import json, runpy, sys\n"
+        "runpy.run_path(sys.argv[1], run_name='stage_under_test')\n"  # not __main__: nothing runs
+        "print(json.dumps([getattr(m, '__file__', None) or '' for m in list(sys.modules.values())]))"
+    )
     # This checkout's src first: the venv may hold an editable install of another checkout.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", code, str(script)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = {Path(f).resolve() for f in json.loads(proc.stdout.splitlines()[-1]) if f}
     assert any(f.is_relative_to(SRC / "electralab") for f in files), "the stage loaded no library module"
@@ -111,8 +115,7 @@ def test_the_deps_of_a_stage_cover_every_module_it_runs(name):
     deps = [d for d in stage["deps"] if isinstance(d, str)]
     script = script_of(stage)
     assert script in deps, f"stage {name}: its script {script} is not in its deps"
-    code = {p.relative_to(ROOT).as_posix()
-            for p in loaded_on_import(ROOT / script) | imported_anywhere(ROOT / script)}
+    code = {p.relative_to(ROOT).as_posix() for p in loaded_on_import(ROOT / script) | imported_anywhere(ROOT / script)}
     missing = sorted(p for p in code if not covered(p, deps) and p not in NOT_DEPS.get(name, ()))
     assert not missing, f"stage {name} runs code its deps in dvc.yaml do not cover: {missing}"
     # A dep naming no file (a module renamed or removed) fails `dvc repro` only when DVC gets to the stage.

@@ -24,8 +24,8 @@ def test_a_runs_tables_are_the_tables_and_figures_that_name_it():
     runs = resolve_all(PARAMS)
     assert runs["mlm"].tables == ("coco-lm/table1", "coco-lm/fig3", "amos/table1", "amos/fig4", "teams/table1")
     assert runs["cocolm_clm_only"].tables == ("coco-lm/table3", "coco-lm/fig7")
-    assert runs["control"].tables == tuple(TABLES)      # the last row of every table, in no figure
-    assert "tables" not in runs["mlm"].as_params()      # a label, not what it trains: no resume fingerprint
+    assert runs["control"].tables == tuple(TABLES)  # the last row of every table, in no figure
+    assert "tables" not in runs["mlm"].as_params()  # a label, not what it trains: no resume fingerprint
     assert [run for run in PARAMS.runs if not tables_of(run)] == [], "a run no table or figure needs"
 
 
@@ -36,8 +36,12 @@ def test_the_fine_tuning_extras_follow_the_figures():
 
 def test_a_new_row_is_a_row_in_the_registry_and_a_run_in_params(monkeypatch):
     raw = copy.deepcopy(PARAMS.raw)
-    raw["runs"]["cocolm_scl_cold"] = {"method": "cocolm", "budget": "ablation", "reads": "data/shards",
-                                      "settings": {"scl_temperature": 0.5}}
+    raw["runs"]["cocolm_scl_cold"] = {
+        "method": "cocolm",
+        "budget": "ablation",
+        "reads": "data/shards",
+        "settings": {"scl_temperature": 0.5},
+    }
     table3 = REGISTRY["coco-lm/table3"]
     rows = {"base": (*table3.rows["base"], Row(None, "cocolm_scl_cold", "SCL at temperature 0.5"))}
     monkeypatch.setitem(REGISTRY, table3.key, dataclasses.replace(table3, rows=rows))
@@ -56,12 +60,15 @@ def test_a_run_naming_its_tables_is_told_where_they_are_now():
 def test_the_stages_whose_outputs_follow_the_registry_depend_on_it():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
 
-    def depends(stage: dict) -> bool:   # the file itself, or a folder holding it
-        return any("src/electralab/tables.py".startswith(d.rstrip("/") + ("" if d.endswith(".py") else "/"))
-                   for d in stage["deps"] if isinstance(d, str))
+    def depends(stage: dict) -> bool:  # the file itself, or a folder holding it
+        return any(
+            "src/electralab/tables.py".startswith(d.rstrip("/") + ("" if d.endswith(".py") else "/"))
+            for d in stage["deps"]
+            if isinstance(d, str)
+        )
 
-    assert depends(stages["finetune"]["do"])   # the extras
-    assert depends(stages["export"]["do"])     # the model card's tables
+    assert depends(stages["finetune"]["do"])  # the extras
+    assert depends(stages["export"]["do"])  # the model card's tables
     assert depends(stages["report"])
     # Not pretraining: a run's tables only label it in MLflow, and a new row must not retrain every run.
     assert not depends(stages["pretrain"]["do"])

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from helpers import VOCAB, jitter, make_batch, tiny_generators, tiny_model, train_losses
 
 from electralab.config import GeneratorSizes
 from electralab.errors import ConfigError
@@ -16,14 +17,13 @@ from electralab.model.encoder import TransformerLayer, count_parameters
 from electralab.objectives import method_settings
 from electralab.objectives.teams import Teams, draw_candidates
 
-from helpers import VOCAB, jitter, make_batch, tiny_generators, tiny_model, train_losses
-
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 # --------------------------------------------------------------------------------------------
 # Hand-written references
 # --------------------------------------------------------------------------------------------
+
 
 def gelu(t):
     return 0.5 * t * (1 + torch.erf(t / math.sqrt(2)))
@@ -56,7 +56,7 @@ def mws_loss(h_mws, candidates, obj, bias=None):
     """Eq. 7-8: -mean_j log( exp(s(x_j)) / sum_{x' in S_j} exp(s(x')) ), the original x_j in column 0
     of S_j, s(x) = e(x)^T z_j (no output bias: Eq. 7 and the authors' released head have none; `bias`
     adds one, to show the check would notice), z_j = the MWS transform of h_MWS at position j."""
-    z = transform(h_mws, obj.mws_head)                       # (M, E)
+    z = transform(h_mws, obj.mws_head)  # (M, E)
     E = obj.tokens.weight
     loss = 0.0
     for j in range(len(z)):
@@ -91,6 +91,7 @@ def run(obj: Teams, batch, seed: int = 0):
 # The losses
 # --------------------------------------------------------------------------------------------
 
+
 def test_mws_loss_is_softmax_over_original_and_k_candidates():
     obj = jitter(build()).eval()
     batch = make_batch(pad_last=4, mask_prob=0.3)
@@ -99,11 +100,11 @@ def test_mws_loss_is_softmax_over_original_and_k_candidates():
     targets = batch.input_ids[mlm]
     M, K = len(targets), obj.settings.candidates
     assert K == 5 and candidates.shape == (M, K + 1)
-    assert torch.equal(candidates[:, 0], targets)                        # the original first
+    assert torch.equal(candidates[:, 0], targets)  # the original first
     neg = candidates[:, 1:]
-    assert not (neg == targets[:, None]).any()                           # never the original
-    assert all(len(set(row)) == K for row in neg.tolist())              # K distinct ones
-    h_mws = obj.discriminator(replaced, batch.attention_mask)[-1][mlm]   # layer L (Sec. 3.2)
+    assert not (neg == targets[:, None]).any()  # never the original
+    assert all(len(set(row)) == K for row in neg.tolist())  # K distinct ones
+    h_mws = obj.discriminator(replaced, batch.attention_mask)[-1][mlm]  # layer L (Sec. 3.2)
     want = mws_loss(h_mws, candidates, obj)
     torch.testing.assert_close(out.metrics["mws_loss"], want, atol=1e-5, rtol=1e-5)
     # h_MWS from layer L-1, or an output bias, would not match: the check can fail.
@@ -150,7 +151,7 @@ def test_total_is_mlm_plus_5_rtd_plus_2_mws():
     total = 1 * gen.double() + 5 * rtd + 2 * mws.double()
     torch.testing.assert_close(out.loss.double(), total, atol=1e-4, rtol=1e-5)
     s = obj.settings
-    assert (s.mlm_weight, s.rtd_weight, s.mws_weight, s.candidates) == (1.0, 5.0, 2.0, 5)   # App. B, Sec. 4.1
+    assert (s.mlm_weight, s.rtd_weight, s.mws_weight, s.candidates) == (1.0, 5.0, 2.0, 5)  # App. B, Sec. 4.1
 
 
 def test_rtd_labels_a_sample_equal_to_the_original_as_original():
@@ -161,7 +162,7 @@ def test_rtd_labels_a_sample_equal_to_the_original_as_original():
     originals = torch.tensor([7, 8]).repeat(n)[:n]
     batch.input_ids[mlm] = originals
     with torch.no_grad():
-        obj.generator.head.bias[7] = 1e4             # the generator samples 7 with probability ~1
+        obj.generator.head.bias[7] = 1e4  # the generator samples 7 with probability ~1
     out, replaced, candidates = run(obj, batch)
     assert torch.equal(replaced[mlm], torch.full_like(originals, 7))
     assert out.metrics["replaced_fraction"] == (originals == 8).sum() / batch.num_tokens
@@ -173,13 +174,14 @@ def test_rtd_labels_a_sample_equal_to_the_original_as_original():
 # The candidate sampler
 # --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("how", ["sampled", "hardest"])
 @pytest.mark.parametrize("k", [1, 3, 5, 10, 39])
 def test_candidates_are_k_distinct_non_original_tokens(how, k):
     g = torch.Generator().manual_seed(k)
     logits = torch.randn(300, 40, generator=g) * 3
     original = torch.randint(0, 40, (300,), generator=g)
-    original[:50] = logits[:50].argmax(-1)                     # the original is the generator's favourite
+    original[:50] = logits[:50].argmax(-1)  # the original is the generator's favourite
     torch.manual_seed(0)
     c = draw_candidates(logits, original, k, how)
     assert c.shape == (300, k)
@@ -197,8 +199,8 @@ def test_hardest_are_the_top_k_non_original_tokens():
         assert set(got) == set(ranked[:4])
 
 
-P = torch.tensor([0.30, 0.22, 0.16, 0.12, 0.09, 0.06, 0.03, 0.02])   # a hand-made generator distribution
-ORIGINAL = 1                                                        # the original token (not the mode)
+P = torch.tensor([0.30, 0.22, 0.16, 0.12, 0.09, 0.06, 0.03, 0.02])  # a hand-made generator distribution
+ORIGINAL = 1  # the original token (not the mode)
 
 
 def draws(k: int, n: int = 40_000) -> torch.Tensor:
@@ -214,7 +216,7 @@ def test_sampled_k1_frequencies_are_p_renormalised_without_the_original():
     q[ORIGINAL] = 0
     q /= q.sum()
     assert freq[ORIGINAL] == 0
-    assert (freq - q).abs().max() < 0.01            # ~4 standard errors at n = 40,000
+    assert (freq - q).abs().max() < 0.01  # ~4 standard errors at n = 40,000
 
 
 def test_sampled_k2_inclusion_is_sampling_without_replacement():
@@ -226,8 +228,7 @@ def test_sampled_k2_inclusion_is_sampling_without_replacement():
     q = P.double().clone()
     q[ORIGINAL] = 0
     q /= q.sum()
-    want = torch.tensor([q[t] + sum(q[u] * q[t] / (1 - q[u]) for u in range(len(P)) if u != t)
-                         for t in range(len(P))])
+    want = torch.tensor([q[t] + sum(q[u] * q[t] / (1 - q[u]) for u in range(len(P)) if u != t) for t in range(len(P))])
     assert (inc - want).abs().max() < 0.012
     # With replacement (two independent draws) the inclusion would be 1 - (1 - q)^2: distinguishable.
     with_repl = 1 - (1 - q) ** 2
@@ -239,7 +240,7 @@ def test_sampled_inclusion_frequencies_are_ordered_like_p():
         c = draws(k, n=20_000)
         inc = [(c == t).any(-1).double().mean().item() for t in range(len(P)) if t != ORIGINAL]
         assert inc == sorted(inc, reverse=True), (k, inc)
-        assert inc[-1] > 0                                           # not the hardest: all reachable
+        assert inc[-1] > 0  # not the hardest: all reachable
     hardest = draw_candidates(P.log()[None], torch.tensor([ORIGINAL]), 3, "hardest")
     assert set(hardest[0].tolist()) == {0, 2, 3}
 
@@ -278,6 +279,7 @@ def test_replacements_and_candidates_come_from_the_generator():
 # Partial layer sharing (Sec. 3.2; Table 4; Fig. 4)
 # --------------------------------------------------------------------------------------------
 
+
 def shared_layers(obj: Teams) -> list[bool]:
     d_ids = {id(p) for p in obj.discriminator.layers.parameters()}
     return [all(id(p) in d_ids for p in layer.parameters()) for layer in obj.generator.encoder.layers]
@@ -287,9 +289,9 @@ def test_generator_is_half_deep_and_its_bottom_half_is_the_discriminators():
     obj = build()
     g, d = obj.generator.encoder, obj.discriminator
     assert len(g.layers) == 6 and len(d.layers) == 12
-    assert (g.cfg.hidden, g.cfg.heads, g.cfg.ffn) == (d.cfg.hidden, d.cfg.heads, d.cfg.ffn)   # same width
+    assert (g.cfg.hidden, g.cfg.heads, g.cfg.ffn) == (d.cfg.hidden, d.cfg.heads, d.cfg.ffn)  # same width
     assert [g.layers[i] is d.layers[i] for i in range(6)] == [True] * 3 + [False] * 3
-    assert shared_layers(obj) == [True] * 3 + [False] * 3       # not just the module: the Parameters
+    assert shared_layers(obj) == [True] * 3 + [False] * 3  # not just the module: the Parameters
     assert obj.tied_layers == 3
     assert g.embeddings is d.embeddings and g.relative_bias is d.relative_bias
     assert g.embeddings.tokens.weight is obj.generator.head.tokens.weight is obj.mws_head.tokens.weight
@@ -299,20 +301,32 @@ def test_generator_is_half_deep_and_its_bottom_half_is_the_discriminators():
     assert len(small.generator.encoder.layers) == 4 and shared_layers(small) == [True] * 2 + [False] * 2
     # Shared layers count once.
     own = sum(p.numel() for layer in g.layers[3:] for p in layer.parameters())
-    assert count_parameters(obj) == count_parameters(d) + own + count_parameters(obj.generator.head) \
-        - obj.tokens.weight.numel() + count_parameters(obj.rtd_layer) + count_parameters(obj.rtd_head) \
-        + count_parameters(obj.mws_head) - obj.tokens.weight.numel()
+    assert (
+        count_parameters(obj)
+        == count_parameters(d)
+        + own
+        + count_parameters(obj.generator.head)
+        - obj.tokens.weight.numel()
+        + count_parameters(obj.rtd_layer)
+        + count_parameters(obj.rtd_head)
+        + count_parameters(obj.mws_head)
+        - obj.tokens.weight.numel()
+    )
 
 
-@pytest.mark.parametrize("settings,depth,shared", [
-    ({"tied_layers": 6}, 6, 6),                 # Table 4 "Full Tie"
-    ({"tied_layers": 0}, 6, 0),                 # Table 4 "No Tie"
-    ({"generator_layers": 2}, 2, 1),            # Fig. 4: bottom half tied at every depth
-    ({"generator_layers": 4}, 4, 2),
-    ({"generator_layers": 8}, 8, 4),
-    ({"generator_layers": 12}, 12, 6),
-    ({"generator_layers": 12, "tied_layers": 12}, 12, 12),
-], ids=["full_tie", "no_tie", "gen2", "gen4", "gen8", "gen12", "gen12_full_tie"])
+@pytest.mark.parametrize(
+    "settings,depth,shared",
+    [
+        ({"tied_layers": 6}, 6, 6),  # Table 4 "Full Tie"
+        ({"tied_layers": 0}, 6, 0),  # Table 4 "No Tie"
+        ({"generator_layers": 2}, 2, 1),  # Fig. 4: bottom half tied at every depth
+        ({"generator_layers": 4}, 4, 2),
+        ({"generator_layers": 8}, 8, 4),
+        ({"generator_layers": 12}, 12, 6),
+        ({"generator_layers": 12, "tied_layers": 12}, 12, 12),
+    ],
+    ids=["full_tie", "no_tie", "gen2", "gen4", "gen8", "gen12", "gen12_full_tie"],
+)
 def test_tie_variants_and_generator_depths(settings, depth, shared):
     obj = build(**settings)
     assert len(obj.generator.encoder.layers) == depth
@@ -340,6 +354,7 @@ def test_shared_layers_learn_from_both_generator_and_discriminator():
 # Task heads (Sec. 3.2, Table 3) and the exported encoder
 # --------------------------------------------------------------------------------------------
 
+
 def states(obj: Teams, seed: int = 0):
     batch = make_batch(pad_last=3)
     torch.manual_seed(seed)
@@ -353,11 +368,11 @@ def test_attention_heads_rtd_on_layer_l_minus_1_mws_on_layer_l():
     obj = jitter(build()).eval()
     assert isinstance(obj.rtd_layer, TransformerLayer) and obj.mws_layer is None
     assert all(obj.rtd_layer is not layer for layer in obj.discriminator.layers)
-    assert isinstance(obj.rtd_head.net, torch.nn.Linear)                 # Eq. 6: sigmoid(w^T h)
+    assert isinstance(obj.rtd_head.net, torch.nn.Linear)  # Eq. 6: sigmoid(w^T h)
     _, hidden, bias, (h_rtd, h_mws) = states(obj)
     torch.testing.assert_close(h_rtd, obj.rtd_layer(hidden[11], bias))
     torch.testing.assert_close(h_mws, hidden[12])
-    assert not torch.allclose(h_rtd, obj.rtd_layer(hidden[12], bias), atol=1e-4)   # not layer L
+    assert not torch.allclose(h_rtd, obj.rtd_layer(hidden[12], bias), atol=1e-4)  # not layer L
 
 
 def test_heads_on_top_both_read_layer_l():
@@ -371,12 +386,15 @@ def test_heads_on_top_both_read_layer_l():
 def test_ffn_heads_are_per_token_on_layer_l():
     obj = build(task_heads="ffn").eval()
     assert obj.rtd_layer is None and obj.mws_layer is None
-    assert isinstance(obj.rtd_head.net, torch.nn.Sequential)            # dense -> GELU -> dense
+    assert isinstance(obj.rtd_head.net, torch.nn.Sequential)  # dense -> GELU -> dense
     _, hidden, _, (h_rtd, h_mws) = states(obj)
     torch.testing.assert_close(h_rtd, hidden[12])
     torch.testing.assert_close(h_mws, hidden[12])
-    assert not any(isinstance(m, TransformerLayer) for n, m in obj.named_modules()
-                   if not n.startswith(("discriminator", "generator")))
+    assert not any(
+        isinstance(m, TransformerLayer)
+        for n, m in obj.named_modules()
+        if not n.startswith(("discriminator", "generator"))
+    )
 
 
 EXPORTS = [
@@ -434,19 +452,23 @@ def test_exported_rtd_encoder_output_is_what_the_rtd_loss_used():
 # Settings validation
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("values,key", [
-    ({"candidates": 0}, r"methods\.teams\.candidates"),
-    ({"candidate_sampling": "random"}, r"methods\.teams\.candidate_sampling"),
-    ({"task_heads": "mlp"}, r"methods\.teams\.task_heads"),
-    ({"export": "mlm"}, r"methods\.teams\.export"),
-    ({"rtd_weight": -1.0}, r"methods\.teams\.rtd_weight"),
-    ({"rtd_weight": 0, "mws_weight": 0}, r"rtd_weight and mws_weight"),
-    ({"task_heads": "ffn", "heads_on_top": True}, r"heads_on_top"),
-    ({"task_heads": "ffn", "export": "rtd"}, r"export='rtd'"),
-    ({"mws_weight": 0}, r"mws_weight=0.*export='rtd'"),
-    ({"generator_layers": 4, "tied_layers": 5}, r"methods\.teams\.tied_layers=5"),
-    ({"candiates": 5}, r"methods\.teams.*'candiates'"),
-])
+
+@pytest.mark.parametrize(
+    "values,key",
+    [
+        ({"candidates": 0}, r"methods\.teams\.candidates"),
+        ({"candidate_sampling": "random"}, r"methods\.teams\.candidate_sampling"),
+        ({"task_heads": "mlp"}, r"methods\.teams\.task_heads"),
+        ({"export": "mlm"}, r"methods\.teams\.export"),
+        ({"rtd_weight": -1.0}, r"methods\.teams\.rtd_weight"),
+        ({"rtd_weight": 0, "mws_weight": 0}, r"rtd_weight and mws_weight"),
+        ({"task_heads": "ffn", "heads_on_top": True}, r"heads_on_top"),
+        ({"task_heads": "ffn", "export": "rtd"}, r"export='rtd'"),
+        ({"mws_weight": 0}, r"mws_weight=0.*export='rtd'"),
+        ({"generator_layers": 4, "tied_layers": 5}, r"methods\.teams\.tied_layers=5"),
+        ({"candiates": 5}, r"methods\.teams.*'candiates'"),
+    ],
+)
 def test_settings_errors_name_the_key(values, key):
     with pytest.raises(ConfigError, match=key):
         method_settings("teams", values)
@@ -454,9 +476,9 @@ def test_settings_errors_name_the_key(values, key):
 
 def test_build_time_errors_name_the_key():
     with pytest.raises(ConfigError, match="tied_layers=7"):
-        build(tied_layers=7)                                     # the 6-layer preset generator
+        build(tied_layers=7)  # the 6-layer preset generator
     with pytest.raises(ConfigError, match="candidates=97"):
-        build(candidates=VOCAB)                                  # only V - 1 non-original tokens
+        build(candidates=VOCAB)  # only V - 1 non-original tokens
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,16 +487,16 @@ def test_build_time_errors_name_the_key():
 
 ROWS = {
     "teams": {},
-    "only_mws": {"rtd_weight": 0},                                    # Table 2
-    "only_rtd": {"mws_weight": 0, "export": "rtd"},                   # Table 2 (also the electra method)
-    "ffn_heads": {"task_heads": "ffn"},                               # Table 3
-    "heads_on_12th": {"heads_on_top": True},                          # Table 3
-    "export_rtd": {"export": "rtd"},                                  # Table 3
-    "full_tie": {"tied_layers": 6},                                   # Table 4
-    "no_tie": {"tied_layers": 0},                                     # Table 4
-    **{f"gen_layers_{n}": {"generator_layers": n} for n in (2, 4, 6, 8, 12)},   # Fig. 4
-    "hardest": {"candidate_sampling": "hardest"},                     # Fig. 5
-    **{f"k_{k}": {"candidates": k} for k in (1, 3, 5, 10, 50)},       # Fig. 5
+    "only_mws": {"rtd_weight": 0},  # Table 2
+    "only_rtd": {"mws_weight": 0, "export": "rtd"},  # Table 2 (also the electra method)
+    "ffn_heads": {"task_heads": "ffn"},  # Table 3
+    "heads_on_12th": {"heads_on_top": True},  # Table 3
+    "export_rtd": {"export": "rtd"},  # Table 3
+    "full_tie": {"tied_layers": 6},  # Table 4
+    "no_tie": {"tied_layers": 0},  # Table 4
+    **{f"gen_layers_{n}": {"generator_layers": n} for n in (2, 4, 6, 8, 12)},  # Fig. 4
+    "hardest": {"candidate_sampling": "hardest"},  # Fig. 5
+    **{f"k_{k}": {"candidates": k} for k in (1, 3, 5, 10, 50)},  # Fig. 5
 }
 
 
@@ -491,5 +513,5 @@ def test_adamw_lowers_the_loss_and_same_seed_same_numbers(row):
     batch = make_batch()
     make = lambda: Teams(tiny_model(), tiny_generators(), VOCAB, method_settings("teams", ROWS[row]))
     first = train_losses(make, batch, steps=6)
-    assert all(b < a for a, b in zip(first, first[1:])), first          # every step lowers it
+    assert all(b < a for a, b in zip(first, first[1:])), first  # every step lowers it
     assert train_losses(make, batch, steps=6) == first

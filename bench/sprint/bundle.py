@@ -23,28 +23,35 @@ from electralab.config import Params, to_dict
 from electralab.errors import ConfigError, DataError
 from electralab.finetune.tasks import TASKS
 from electralab.io import atomic_dir, atomic_file, read_json, sha256_file, write_json
-
 from sprint import carry_dir, prep_dir, work_dir
 
 ARCHIVE, MANIFEST = "data.tar.xz", "bundle.json"
 # xz level 1: measured on shards + GLUE text, 3.3x the speed of level 6 for 19% more bytes (the small
 # preset's carry: 35.9 MiB measured, packed in 17 s of CPU).
 XZ_PRESET = 1
-TREE_LIMIT = 64 << 20        # what travels to the machine in all: tracked files + carried folders
-STATE_ALLOWANCE = 4 << 20    # kept free for .sprint/state, which travels too
+TREE_LIMIT = 64 << 20  # what travels to the machine in all: tracked files + carried folders
+STATE_ALLOWANCE = 4 << 20  # kept free for .sprint/state, which travels too
 
 
 def data_config(params: Params, preset: str, tasks: tuple[str, ...]) -> dict:
     """Everything the carried data depends on: a different value means `prep` again."""
     p = params.presets[preset]
-    return {"preset": preset, "corpus": to_dict(p.corpus), "vocab": to_dict(p.vocab), "shards": to_dict(p.shards),
-            "tasks": list(tasks)}
+    return {
+        "preset": preset,
+        "corpus": to_dict(p.corpus),
+        "vocab": to_dict(p.vocab),
+        "shards": to_dict(p.shards),
+        "tasks": list(tasks),
+    }
 
 
 def glue_files(tasks: tuple[str, ...]) -> list[str]:
     """glue/<TASK>/<split>.tsv for the train and evaluation splits of each task."""
-    return [f"glue/{TASKS[t].directory}/{split}.tsv" for t in tasks
-            for split in ("train", *(s.name for s in TASKS[t].eval_splits))]
+    return [
+        f"glue/{TASKS[t].directory}/{split}.tsv"
+        for t in tasks
+        for split in ("train", *(s.name for s in TASKS[t].eval_splits))
+    ]
 
 
 def build_data(params: Params, preset: str, mirror: Path, root: Path) -> Path:
@@ -54,8 +61,14 @@ def build_data(params: Params, preset: str, mirror: Path, root: Path) -> Path:
     from electralab.data.vocab import train_vocab
 
     p, out = params.presets[preset], prep_dir(root)
-    key = {**data_config(params, preset, ()), "mirror": {f.file: (mirror / "corpus" / f.file).stat().st_size
-                                                         for f in p.corpus.mirror if (mirror / "corpus" / f.file).exists()}}
+    key = {
+        **data_config(params, preset, ()),
+        "mirror": {
+            f.file: (mirror / "corpus" / f.file).stat().st_size
+            for f in p.corpus.mirror
+            if (mirror / "corpus" / f.file).exists()
+        },
+    }
     done = out / "built.json"
     if done.is_file() and read_json(done) == key and (out / "shards" / "manifest.json").is_file():
         print(f"prep: the {preset} preset's shards in {out} are up to date")
@@ -72,15 +85,20 @@ def pack(params: Params, preset: str, tasks: tuple[str, ...], mirror: Path, root
     """Build (or reuse) the data and write the carry: data.tar.xz and bundle.json. Returns the manifest."""
     missing = [f for f in glue_files(tasks) if not (mirror / f).is_file()]
     if missing:
-        raise DataError(f"{mirror / missing[0]}: not in the mirror; the sprint's tasks need train and dev splits "
-                        f"(choose tasks with --tasks)")
+        raise DataError(
+            f"{mirror / missing[0]}: not in the mirror; the sprint's tasks need train and dev splits "
+            f"(choose tasks with --tasks)"
+        )
     built = build_data(params, preset, mirror, root)
     carry = carry_dir(root)
     carry.mkdir(parents=True, exist_ok=True)
-    if (carry / MANIFEST).is_file() and (carry / ARCHIVE).is_file():   # only the sprint's settings changed
+    if (carry / MANIFEST).is_file() and (carry / ARCHIVE).is_file():  # only the sprint's settings changed
         manifest = read_json(carry / MANIFEST)
-        if (manifest["config"] == data_config(params, preset, tasks) and manifest["sha256"] == sha256_file(carry / ARCHIVE)
-                and (carry / ARCHIVE).stat().st_mtime >= (built / "built.json").stat().st_mtime):
+        if (
+            manifest["config"] == data_config(params, preset, tasks)
+            and manifest["sha256"] == sha256_file(carry / ARCHIVE)
+            and (carry / ARCHIVE).stat().st_mtime >= (built / "built.json").stat().st_mtime
+        ):
             print(f"prep: {carry / ARCHIVE} is up to date")
             return manifest
     started = time.perf_counter()
@@ -91,11 +109,15 @@ def pack(params: Params, preset: str, tasks: tuple[str, ...], mirror: Path, root
             for rel in glue_files(tasks):
                 tar.add(mirror / rel, arcname=rel)
     shards = read_json(built / "shards" / "manifest.json")
-    manifest = {"sha256": sha256_file(carry / ARCHIVE), "bytes": (carry / ARCHIVE).stat().st_size,
-                "config": data_config(params, preset, tasks), "vocab_size": shards["vocab_size"],
-                "seq_len": shards["seq_len"],
-                "splits": {k: {"blocks": v["blocks"], "tokens": v["tokens"]} for k, v in shards["splits"].items()},
-                "glue": glue_files(tasks)}
+    manifest = {
+        "sha256": sha256_file(carry / ARCHIVE),
+        "bytes": (carry / ARCHIVE).stat().st_size,
+        "config": data_config(params, preset, tasks),
+        "vocab_size": shards["vocab_size"],
+        "seq_len": shards["seq_len"],
+        "splits": {k: {"blocks": v["blocks"], "tokens": v["tokens"]} for k, v in shards["splits"].items()},
+        "glue": glue_files(tasks),
+    }
     write_json(carry / MANIFEST, manifest)
     print(f"prep: {carry / ARCHIVE}: {manifest['bytes'] / 2**20:.1f} MiB (xz, {time.perf_counter() - started:.0f} s)")
     return manifest
@@ -115,9 +137,11 @@ def check_size(root: Path) -> int:
     carry = sum(p.stat().st_size for p in carry_dir(root).rglob("*") if p.is_file())
     total = carry + tracked_bytes(root)
     if total + STATE_ALLOWANCE > TREE_LIMIT:
-        raise ConfigError(f"{carry_dir(root)} ({carry / 2**20:.1f} MiB) + the tracked files ({(total - carry) / 2**20:.1f} "
-                          f"MiB) leave less than {STATE_ALLOWANCE >> 20} MiB of the {TREE_LIMIT >> 20} MiB that travels "
-                          f"to the GPU machine; choose fewer tasks or a smaller corpus")
+        raise ConfigError(
+            f"{carry_dir(root)} ({carry / 2**20:.1f} MiB) + the tracked files ({(total - carry) / 2**20:.1f} "
+            f"MiB) leave less than {STATE_ALLOWANCE >> 20} MiB of the {TREE_LIMIT >> 20} MiB that travels "
+            f"to the GPU machine; choose fewer tasks or a smaller corpus"
+        )
     return total
 
 
@@ -126,13 +150,17 @@ def ensure_data(root: Path, expected: dict) -> tuple[Path, bool]:
     whether it was unpacked now (a fresh machine). `expected`: data_config of the current params.yaml."""
     carry, data = carry_dir(root), work_dir(root) / "data"
     if not (carry / MANIFEST).is_file():
-        raise DataError(f"{carry / MANIFEST}: no carried data; run `python bench/gpu_sprint.py prep` on the CPU "
-                        f"machine and name .sprint/carry in the command's carry")
+        raise DataError(
+            f"{carry / MANIFEST}: no carried data; run `python bench/gpu_sprint.py prep` on the CPU "
+            f"machine and name .sprint/carry in the command's carry"
+        )
     manifest = read_json(carry / MANIFEST)
     if manifest["config"] != expected:
         changed = sorted(k for k in expected if manifest["config"].get(k) != expected[k])
-        raise ConfigError(f"{carry / MANIFEST}: built from other settings of presets.{expected['preset']}."
-                          f"{{{','.join(changed)}}} than params.yaml has now; run prep again")
+        raise ConfigError(
+            f"{carry / MANIFEST}: built from other settings of presets.{expected['preset']}."
+            f"{{{','.join(changed)}}} than params.yaml has now; run prep again"
+        )
     if (data / MANIFEST).is_file() and read_json(data / MANIFEST)["sha256"] == manifest["sha256"]:
         return data, False
     if sha256_file(carry / ARCHIVE) != manifest["sha256"]:

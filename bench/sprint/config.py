@@ -16,7 +16,7 @@ from electralab.errors import ConfigError
 from electralab.finetune.tasks import TASKS
 from electralab.runs import ResolvedRun, check_run, resolve_run
 
-CONTROL = "control"   # the no-pretraining control (params.yaml runs.control, method none)
+CONTROL = "control"  # the no-pretraining control (params.yaml runs.control, method none)
 # The GLUE tasks whose train and dev splits the offline mirror holds in full (../shared/data/SOURCES.md).
 COMPLETE_TASKS = ("sst2", "cola", "mrpc", "stsb", "rte")
 
@@ -24,23 +24,24 @@ COMPLETE_TASKS = ("sst2", "cola", "mrpc", "stsb", "rte")
 @dataclass(frozen=True)
 class SprintConfig:
     preset: str = "small"
-    methods: tuple[str, ...] = ("mlm", "electra", "cocolm")   # runs of params.yaml; amos, teams if time allows
+    methods: tuple[str, ...] = ("mlm", "electra", "cocolm")  # runs of params.yaml; amos, teams if time allows
     tasks: tuple[str, ...] = COMPLETE_TASKS
-    seeds: int = bounded(2, lo=1)                  # the first N of presets.<preset>.finetune.seeds
-    pieces: int = bounded(3, lo=1)                 # commands the plan spreads the work over
+    seeds: int = bounded(2, lo=1)  # the first N of presets.<preset>.finetune.seeds
+    pieces: int = bounded(3, lo=1)  # commands the plan spreads the work over
     piece_seconds: float = bounded(420.0, lo=1.0)  # one command's own budget (the machine's limit is 600 s)
-    grace_seconds: float = bounded(60.0, lo=0.0)   # trials still running then are stopped (in worker mode)
-    probe_seconds: float = bounded(3.0, lo=0.01)   # timed steps per method
-    workers: int | None = bounded(None, lo=1)      # fine-tuning processes; None: 8 on a GPU, 1 on a CPU
-    pretrain_seconds: float | None = bounded(None, lo=0.01)   # None: the plan's; set: every method this long
+    grace_seconds: float = bounded(60.0, lo=0.0)  # trials still running then are stopped (in worker mode)
+    probe_seconds: float = bounded(3.0, lo=0.01)  # timed steps per method
+    workers: int | None = bounded(None, lo=1)  # fine-tuning processes; None: 8 on a GPU, 1 on a CPU
+    pretrain_seconds: float | None = bounded(None, lo=0.01)  # None: the plan's; set: every method this long
 
     def check(self, where: str) -> None:
         unknown = [t for t in self.tasks if t not in TASKS or TASKS[t].kind == "span"]
         if unknown:
             raise ConfigError(f"{where}.tasks: {unknown[0]!r} is not a GLUE task (choose from {list(COMPLETE_TASKS)})")
         if CONTROL in self.methods:
-            raise ConfigError(f"{where}.methods: {CONTROL!r} always runs (the no-pretraining control); name the "
-                              f"pretraining runs only")
+            raise ConfigError(
+                f"{where}.methods: {CONTROL!r} always runs (the no-pretraining control); name the pretraining runs only"
+            )
         if not self.methods or len(set(self.methods)) != len(self.methods):
             raise ConfigError(f"{where}.methods={list(self.methods)}: name each run once, at least one")
 
@@ -57,13 +58,16 @@ def check_runs(params: Params, cfg: SprintConfig) -> None:
     if preset.finetune is None:
         raise ConfigError(f"presets.{cfg.preset}.finetune is not set: the sprint fine-tunes with its grid")
     if cfg.seeds > len(preset.finetune.seeds):
-        raise ConfigError(f"sprint.seeds={cfg.seeds}: presets.{cfg.preset}.finetune.seeds has only "
-                          f"{len(preset.finetune.seeds)}")
+        raise ConfigError(
+            f"sprint.seeds={cfg.seeds}: presets.{cfg.preset}.finetune.seeds has only {len(preset.finetune.seeds)}"
+        )
     for name in (*cfg.methods, CONTROL):
         check_run(name, params.runs, "sprint.methods")
         if params.runs[name].get("reads", "data/shards") != "data/shards":
-            raise ConfigError(f"sprint.methods: {name!r} reads {params.runs[name]['reads']}; the sprint trains runs "
-                              f"that read the shards only")
+            raise ConfigError(
+                f"sprint.methods: {name!r} reads {params.runs[name]['reads']}; the sprint trains runs "
+                f"that read the shards only"
+            )
 
 
 def sprint_params(params: Params, cfg: SprintConfig, pretrain: dict | None = None) -> Params:
@@ -84,9 +88,13 @@ def schedule(params: Params, cfg: SprintConfig, steps: int) -> dict:
     steps, a checkpoint and a held-out check every quarter, about 20 log lines."""
     base = params.presets[cfg.preset].pretrain
     guard = to_dict(base.guard)
-    return {"steps": steps, "warmup_steps": round(steps * base.warmup_steps / base.steps),
-            "checkpoint_every": max(1, steps // 4), "log_every": max(1, min(base.log_every, steps // 20)),
-            "guard": {**guard, "every": max(1, min(guard["every"], steps // 4))}}
+    return {
+        "steps": steps,
+        "warmup_steps": round(steps * base.warmup_steps / base.steps),
+        "checkpoint_every": max(1, steps // 4),
+        "log_every": max(1, min(base.log_every, steps // 20)),
+        "guard": {**guard, "every": max(1, min(guard["every"], steps // 4))},
+    }
 
 
 def sprint_run(params: Params, cfg: SprintConfig, name: str, steps: int | None = None) -> ResolvedRun:

@@ -24,18 +24,17 @@ from electralab.errors import EXPECTED_ERRORS, TrainingFailed
 from electralab.io import sha256_file
 from electralab.tracking import RUNLOG_ENV, backend
 from electralab.train.loop import Dist, choose_device, pretrain
-
+from sprint import clock, table, work_dir
 from sprint import plan as planning
 from sprint import state as states
-from sprint import clock, table, work_dir
 from sprint.bundle import data_config, ensure_data
 from sprint.config import CONTROL, check_runs, load_config, sprint_params, sprint_run
 from sprint.probe import probe, probe_table
 from sprint.trials import Finetuner
 
 GPU_WORKERS = 8
-FINAL = ("done", "failed")   # a unit's statuses that no later command changes
-PACK_EVERY = 30.0            # seconds between state packs while trials finish
+FINAL = ("done", "failed")  # a unit's statuses that no later command changes
+PACK_EVERY = 30.0  # seconds between state packs while trials finish
 
 
 def say(message: str) -> None:
@@ -51,8 +50,12 @@ class Piece:
         check_runs(self.params, self.cfg)
         self.deadline = started + self.cfg.piece_seconds
         self.hard = self.deadline + self.cfg.grace_seconds
-        self.log = {"piece": len(self.state.pieces) + 1, "units": [], "stopped": "",
-                    "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        self.log = {
+            "piece": len(self.state.pieces) + 1,
+            "units": [],
+            "stopped": "",
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
         self.state.pieces.append(self.log)
         self.finetuner: Finetuner | None = None
         self.saved = started
@@ -84,10 +87,17 @@ class Piece:
             parts += ["## Throughput", "", probe_table(self.state.probe, self.cfg.methods)]
         if self.state.plan:
             parts += ["## Plan", "", planning.plan_table(self.state.plan)]
-        parts += ["## Commands", "", "| # | started | seconds | fresh machine | units | stopped |",
-                  "|---|---|---|---|---|---|"]
-        parts += [f"| {p['piece']} | {p['started']} | {p.get('seconds', '')} | {p.get('fresh', '')} | "
-                  f"{', '.join(p['units'])} | {p['stopped']} |" for p in self.state.pieces]
+        parts += [
+            "## Commands",
+            "",
+            "| # | started | seconds | fresh machine | units | stopped |",
+            "|---|---|---|---|---|---|",
+        ]
+        parts += [
+            f"| {p['piece']} | {p['started']} | {p.get('seconds', '')} | {p.get('fresh', '')} | "
+            f"{', '.join(p['units'])} | {p['stopped']} |"
+            for p in self.state.pieces
+        ]
         return "\n".join(parts) + "\n"
 
     # --- the command ---------------------------------------------------------------------------
@@ -103,7 +113,7 @@ class Piece:
             self.log["stopped"] = f"{type(error).__name__}: {error}"
             raise
         finally:
-            if self.finetuner is not None:   # idle by now, or an error left trials running: end them
+            if self.finetuner is not None:  # idle by now, or an error left trials running: end them
                 self.finetuner.close(kill=True)
             self.save()
             self.report()
@@ -121,11 +131,14 @@ class Piece:
 
         if not self.state.probe:
             for name in cfg.methods:
-                self.state.probe[name] = probe(sprint_run(params, cfg, name), data / "shards", cfg.probe_seconds,
-                                               self.clock)
+                self.state.probe[name] = probe(
+                    sprint_run(params, cfg, name), data / "shards", cfg.probe_seconds, self.clock
+                )
             self.save()
-        say("throughput (one pretraining step of each method, before anything trains):\n"
-            + probe_table(self.state.probe, cfg.methods))
+        say(
+            "throughput (one pretraining step of each method, before anything trains):\n"
+            + probe_table(self.state.probe, cfg.methods)
+        )
 
         if not self.unit(CONTROL, steps=None):
             return
@@ -138,16 +151,19 @@ class Piece:
             if self.state.units.get(name, {}).get("status") in FINAL:
                 continue
             steps = self.state.plan["runs"][name]["steps"]
-            need = self.pretrain_left(name, steps) + self.state.plan["finetune_seconds"] + self.state.plan[
-                "unit_overhead_seconds"]
+            need = (
+                self.pretrain_left(name, steps)
+                + self.state.plan["finetune_seconds"]
+                + self.state.plan["unit_overhead_seconds"]
+            )
             left = self.deadline - self.now() - cfg.piece_seconds * planning.MARGIN
-            if self.log["units"] and left < need:   # a unit starts whole or in the next command (a fresh one)
+            if self.log["units"] and left < need:  # a unit starts whole or in the next command (a fresh one)
                 self.log["stopped"] = f"{name} needs about {need:.0f} s, {max(left, 0):.0f} s left"
                 return
             try:
                 if not self.unit(name, steps):
                     return
-            except TrainingFailed as error:   # diverged or collapsed: a result too; the other units go on
+            except TrainingFailed as error:  # diverged or collapsed: a result too; the other units go on
                 self.state.units[name].update(status="failed", error=str(error))
                 say(f"{name}: failed: {error}")
                 self.save()
@@ -159,8 +175,17 @@ class Piece:
         left_now = self.deadline - self.now() - self.cfg.piece_seconds * planning.MARGIN
         overhead = control["pretrain_call_s"] + max(p.get("warmup_s", 0.0) for p in self.state.probe.values())
         later = max(0, self.cfg.pieces - self.log["piece"])
-        return planning.make_plan(self.state.probe, self.cfg.methods, control["finetune_seconds"], overhead,
-                                  left_now, later, capacity, self.cfg.pretrain_seconds, self.log["piece"])
+        return planning.make_plan(
+            self.state.probe,
+            self.cfg.methods,
+            control["finetune_seconds"],
+            overhead,
+            left_now,
+            later,
+            capacity,
+            self.cfg.pretrain_seconds,
+            self.log["piece"],
+        )
 
     def pretrain_left(self, name: str, steps: int) -> float:
         """Seconds of pretraining left: less when this machine holds the checkpoint of a paused run."""
@@ -194,26 +219,47 @@ class Piece:
             plan = self.state.plan or {}
             finetune = plan.get("finetune_seconds", 0.0) + plan.get("unit_overhead_seconds", 0.0)
             began = self.now()
-            say(f"{name}: pretraining ({run.pretrain.steps:,} steps)" if run.method != "none" else
-                f"{name}: the encoder as initialised (no pretraining)")
+            say(
+                f"{name}: pretraining ({run.pretrain.steps:,} steps)"
+                if run.method != "none"
+                else f"{name}: the encoder as initialised (no pretraining)"
+            )
             limit = (self.hard if plan else self.deadline) - finetune
-            summary = pretrain(run, self.data / "shards", models, scratch, vocab_dir=self.data / "vocab",
-                               show_progress=False, stop=lambda: self.now() >= limit)
+            summary = pretrain(
+                run,
+                self.data / "shards",
+                models,
+                scratch,
+                vocab_dir=self.data / "vocab",
+                show_progress=False,
+                stop=lambda: self.now() >= limit,
+            )
             if summary.get("paused"):
                 unit.update(status="paused", paused_at=summary["steps"])
                 self.log["stopped"] = f"{name} paused at step {summary['steps']} (deadline)"
                 self.save()
                 return False
-            unit.update(status="fine-tuning", encoder_sha256=sha256_file(weights), pretrain_call_s=self.now() - began,
-                        pretrain_run_id=summary["mlflow_run_id"],
-                        pretrain={k: v for k, v in summary.items() if isinstance(v, (int, float))})
+            unit.update(
+                status="fine-tuning",
+                encoder_sha256=sha256_file(weights),
+                pretrain_call_s=self.now() - began,
+                pretrain_run_id=summary["mlflow_run_id"],
+                pretrain={k: v for k, v in summary.items() if isinstance(v, (int, float))},
+            )
             unit.pop("paused_at", None)
             self.save()
         began, tuner = self.now(), self.tuner()
         longest = self.state.units[CONTROL].get("longest_trial_s") if name != CONTROL else None
         soft = self.hard - 1.2 * longest if longest is not None else self.deadline
-        done = tuner.run(run, models / "encoder", self.state.dir / "finetune" / name, soft, self.hard,
-                         self.save_now_and_then, unit.get("pretrain_run_id", ""))
+        done = tuner.run(
+            run,
+            models / "encoder",
+            self.state.dir / "finetune" / name,
+            soft,
+            self.hard,
+            self.save_now_and_then,
+            unit.get("pretrain_run_id", ""),
+        )
         unit["finetune_seconds"] = unit.get("finetune_seconds", 0.0) + self.now() - began
         unit["longest_trial_s"] = max(unit.get("longest_trial_s", 0.0), tuner.longest_trial_s)
         if done:
@@ -230,10 +276,18 @@ class Piece:
         if self.finetuner is None:
             began, cfg = self.now(), self.cfg
             workers = cfg.workers or (GPU_WORKERS if self.device.type == "cuda" else 1)
-            self.finetuner = Finetuner(sprint_params(self.params, cfg).active.finetune, self.data, self.data / "vocab",
-                                       self.device, workers, self.clock)
-            say(f"fine-tuning: {len(cfg.tasks)} tasks tokenised in {self.now() - began:.1f} s; "
-                f"{self.finetuner.trial_steps():,} optimizer steps per run's grid; {workers} worker(s)")
+            self.finetuner = Finetuner(
+                sprint_params(self.params, cfg).active.finetune,
+                self.data,
+                self.data / "vocab",
+                self.device,
+                workers,
+                self.clock,
+            )
+            say(
+                f"fine-tuning: {len(cfg.tasks)} tasks tokenised in {self.now() - began:.1f} s; "
+                f"{self.finetuner.trial_steps():,} optimizer steps per run's grid; {workers} worker(s)"
+            )
         return self.finetuner
 
     def finish(self) -> None:
@@ -252,12 +306,14 @@ class Piece:
         if not left:
             say("all done: results.csv and results.md are in $OUT and .sprint/state")
         else:
-            say(f"left: {', '.join(left)}; restore the state (python bench/gpu_sprint.py restore <the returned "
-                f"folder>) and run the same command again")
+            say(
+                f"left: {', '.join(left)}; restore the state (python bench/gpu_sprint.py restore <the returned "
+                f"folder>) and run the same command again"
+            )
 
 
 def run_piece(root: Path, out: Path | None, started: float, workers: int | None = None) -> int:
     piece = Piece(root, out, started)
-    if workers is not None:   # how many trials at a time changes the speed, not the results
+    if workers is not None:  # how many trials at a time changes the speed, not the results
         piece.cfg = dataclasses.replace(piece.cfg, workers=workers)
     return piece.run()

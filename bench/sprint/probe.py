@@ -24,7 +24,7 @@ from electralab.train.common import autocast, resolve_precision
 from electralab.train.loop import Dist, accumulation_steps, choose_device, make_optimizer, seed_step
 from electralab.train.perf import count_flops, peak_flops
 
-WARMUP_STEPS = 3   # the first builds kernels and caches; the first of them also counts the FLOPs
+WARMUP_STEPS = 3  # the first builds kernels and caches; the first of them also counts the FLOPs
 
 
 def device_name(device: torch.device) -> str:
@@ -39,14 +39,18 @@ def probe(run: ResolvedRun, shards_dir: Path, seconds: float, clock: Callable[[]
     precision = resolve_precision(cfg.precision, device)
     manifest = read_json(Path(shards_dir) / "manifest.json")
     torch.manual_seed(run.seed)
-    objective = build_objective(run.method, run.settings, run.model, run.generators,
-                                int(manifest["vocab_size"])).to(device)
+    objective = build_objective(run.method, run.settings, run.model, run.generators, int(manifest["vocab_size"])).to(
+        device
+    )
     if cfg.dropout is not None:
         set_dropout(objective, cfg.dropout)
     optimizer = make_optimizer(objective, cfg)
     accumulation = accumulation_steps(cfg, 1)
-    batches = iter(PretrainLoader(shards_dir, "train", micro_batch_size=cfg.micro_batch_size, seed=run.seed,
-                                  masking=run.settings.masking))
+    batches = iter(
+        PretrainLoader(
+            shards_dir, "train", micro_batch_size=cfg.micro_batch_size, seed=run.seed, masking=run.settings.masking
+        )
+    )
     objective.train()
     flops = 0
 
@@ -70,7 +74,7 @@ def probe(run: ResolvedRun, shards_dir: Path, seconds: float, clock: Callable[[]
                 out = forward_backward()
             loss += out.loss.detach()
         torch.nn.utils.clip_grad_norm_(objective.parameters(), cfg.clip_norm)
-        float(loss)   # the loop reads the loss back every step (its NaN guard): the same wait here
+        float(loss)  # the loop reads the loss back every step (its NaN guard): the same wait here
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -83,12 +87,21 @@ def probe(run: ResolvedRun, shards_dir: Path, seconds: float, clock: Callable[[]
         step(WARMUP_STEPS + timed)
         timed += 1
     step_s = (clock() - started) / timed
-    peak = peak_flops(device, precision)   # as the loop's MFU: bf16 autocast against the bf16 peak
+    peak = peak_flops(device, precision)  # as the loop's MFU: bf16 autocast against the bf16 peak
     tokens = cfg.batch_size * int(manifest["seq_len"])
-    result = {"method": run.method, "device": device_name(device), "precision": precision, "step_s": step_s,
-              "steps_timed": timed, "warmup_s": warmup_s, "tokens_per_step": tokens, "tokens_per_s": tokens / step_s,
-              "flops_per_step": float(flops), "peak_flops": peak,
-              "mfu": flops / step_s / peak if peak else None}
+    result = {
+        "method": run.method,
+        "device": device_name(device),
+        "precision": precision,
+        "step_s": step_s,
+        "steps_timed": timed,
+        "warmup_s": warmup_s,
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / step_s,
+        "flops_per_step": float(flops),
+        "peak_flops": peak,
+        "mfu": flops / step_s / peak if peak else None,
+    }
     del objective, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -97,11 +110,13 @@ def probe(run: ResolvedRun, shards_dir: Path, seconds: float, clock: Callable[[]
 
 def probe_table(results: dict[str, dict], order: tuple[str, ...]) -> str:
     lines = ["| run | method | step (ms) | tokens/s | GFLOP/step | MFU |", "|---|---|---|---|---|---|"]
-    for name in order:   # the methods' order (the saved JSON sorts its keys)
+    for name in order:  # the methods' order (the saved JSON sorts its keys)
         r = results[name]
         mfu = f"{r['mfu'] * 100:.1f}%" if r.get("mfu") else "-"
-        lines.append(f"| {name} | {r['method']} | {r['step_s'] * 1000:.1f} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['flops_per_step'] / 1e9:,.3g} | {mfu} |")
+        lines.append(
+            f"| {name} | {r['method']} | {r['step_s'] * 1000:.1f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['flops_per_step'] / 1e9:,.3g} | {mfu} |"
+        )
     first = next(iter(results.values()))
     peak = f"{first['peak_flops'] / 1e9:,.0f} GFLOP/s" if first.get("peak_flops") else "unknown"
     return "\n".join(lines) + f"\n\ndevice {first['device']}, precision {first['precision']}, peak {peak}\n"

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from electralab.errors import ConfigError, DataError
 from electralab.io import atomic_dir, atomic_file, read_json, write_json
-
 from sprint import state_dir
 
 TARBALL = "sprint-state.tar.gz"
@@ -27,8 +26,10 @@ class State:
     def __init__(self, root: Path):
         self.dir = state_dir(root)
         if not (self.dir / "sprint.json").is_file():
-            raise ConfigError(f"{self.dir / 'sprint.json'}: no sprint here; run `python bench/gpu_sprint.py prep` on "
-                              f"the CPU machine first and name .sprint/state in the command's carry")
+            raise ConfigError(
+                f"{self.dir / 'sprint.json'}: no sprint here; run `python bench/gpu_sprint.py prep` on "
+                f"the CPU machine first and name .sprint/state in the command's carry"
+            )
         for name in FILES:
             path = self.dir / f"{name}.json"
             setattr(self, name, read_json(path) if path.is_file() else ([] if name == "pieces" else {}))
@@ -44,9 +45,17 @@ class State:
     def as_dict(self) -> dict:
         """What the results table reads."""
         runs = ["control", *self.sprint["methods"]]
-        return {"config": self.sprint, "probe": self.probe, "plan": self.plan, "units": self.units,
-                "finetune": {r: s for r in runs if (s := self.finetune_summary(r)) is not None
-                             and self.units.get(r, {}).get("status") == "done"}}
+        return {
+            "config": self.sprint,
+            "probe": self.probe,
+            "plan": self.plan,
+            "units": self.units,
+            "finetune": {
+                r: s
+                for r in runs
+                if (s := self.finetune_summary(r)) is not None and self.units.get(r, {}).get("status") == "done"
+            },
+        }
 
 
 def pack(directory: Path, out: Path) -> Path:
@@ -76,11 +85,13 @@ def restore(source: Path, root: Path) -> Path:
 
 def write_source(root: Path) -> None:
     """The commit of this checkout (the GPU machine's copy has no .git): tracked runs carry it as git_sha."""
+
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             return ""
+
     sha = git("rev-parse", "HEAD") or "unknown"
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     write_json(state_dir(root) / "source.json", {"git_sha": sha + ("-dirty" if dirty else "")})

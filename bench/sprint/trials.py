@@ -57,34 +57,59 @@ def _encoder(directory: str):
 
 def _trial(spec: dict, encoder_dir: str) -> list[dict]:
     spec = TrialSpec.from_dict(spec)
-    return run_trial(_WORKER["data"][spec.group.task], _encoder(encoder_dir), spec.hparams, spec.seed,
-                     _WORKER["settings"], _WORKER["device"])
+    return run_trial(
+        _WORKER["data"][spec.group.task],
+        _encoder(encoder_dir),
+        spec.hparams,
+        spec.seed,
+        _WORKER["settings"],
+        _WORKER["device"],
+    )
 
 
 # --- the driver side ------------------------------------------------------------------------------
 
+
 class Finetuner:
     """Fine-tunes one run after another with the same tasks, settings and pool (one per command)."""
 
-    def __init__(self, cfg: FinetuneConfig, data_root: Path, vocab_dir: Path, device: torch.device, workers: int,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        cfg: FinetuneConfig,
+        data_root: Path,
+        vocab_dir: Path,
+        device: torch.device,
+        workers: int,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         tokenizer = Tokenizer(vocab_dir)
         self.cfg, self.device, self.workers, self.clock = cfg, device, workers, clock
         self.data = {t: prepare(TASKS[t], tokenizer, cfg, data_root)[1.0] for t in cfg.tasks}
         self.settings = TrialSettings.of(cfg)
         self.pool: futures.ProcessPoolExecutor | None = None
-        self.longest_trial_s = 0.0   # submitted to finished, in the sprint's clock (later deadlines judge by it)
+        self.longest_trial_s = 0.0  # submitted to finished, in the sprint's clock (later deadlines judge by it)
 
     def grid(self, task: str):
         return configurations(getattr(self.cfg.grids, TASKS[task].grid))
 
     def trial_steps(self) -> int:
         """Optimizer steps of one run's whole grid (what the fine-tuning time scales with)."""
-        return sum(-(-len(self.data[t].train) // hp.batch_size) * hp.epochs * len(self.cfg.seeds)
-                   for t in self.cfg.tasks for hp in self.grid(t))
+        return sum(
+            -(-len(self.data[t].train) // hp.batch_size) * hp.epochs * len(self.cfg.seeds)
+            for t in self.cfg.tasks
+            for hp in self.grid(t)
+        )
 
-    def run(self, run: ResolvedRun, encoder_dir: Path, state: Path, soft: float, hard: float,
-            progress: Callable[[], None] = lambda: None, pretrain_run_id: str = "") -> bool:
+    def run(
+        self,
+        run: ResolvedRun,
+        encoder_dir: Path,
+        state: Path,
+        soft: float,
+        hard: float,
+        progress: Callable[[], None] = lambda: None,
+        pretrain_run_id: str = "",
+    ) -> bool:
         """Every trial of `run` that is not in the store yet, until `soft` (no new trial starts) or `hard`
         (running ones are stopped); `progress()` after each finished trial. Returns whether all groups are
         done (summary.json written). `pretrain_run_id`: the tracked run that made the encoder (a tag of
@@ -92,11 +117,13 @@ class Finetuner:
         summary_path = state / "summary.json"
         summary = read_json(summary_path) if summary_path.is_file() else {}
         weights = sha256_file(encoder_dir / "weights.pt")
-        if summary.get("encoder_sha256") != weights:   # another encoder (pretrained again on a fresh
-            summary = {"encoder_sha256": weights, "tasks": {}}   # machine): its results do not carry over
+        if summary.get("encoder_sha256") != weights:  # another encoder (pretrained again on a fresh
+            summary = {"encoder_sha256": weights, "tasks": {}}  # machine): its results do not carry over
         groups = [Group(t) for t in self.cfg.tasks if t not in summary["tasks"]]
-        prints = {g: fingerprint(g.key, weights, self.data[g.task].fingerprint, asdict(self.settings),
-                                 self.cfg.max_seq_len) for g in groups}
+        prints = {
+            g: fingerprint(g.key, weights, self.data[g.task].fingerprint, asdict(self.settings), self.cfg.max_seq_len)
+            for g in groups
+        }
         store = ResultStore(state / "results")
         tracker = FinetuneTracker(run, self.cfg.seeds, state / "parents.json", pretrain_run_id)
         finals: dict[TrialSpec, dict] = {}
@@ -105,7 +132,7 @@ class Finetuner:
         def record(spec: TrialSpec, result: dict) -> None:
             task = TASKS[spec.group.task]
             parent = tracker.parent(spec.group, task, prints[spec.group])
-            if result.get("mlflow_parent") != parent:   # not tracked under this parent yet
+            if result.get("mlflow_parent") != parent:  # not tracked under this parent yet
                 result |= {"mlflow_child": tracker.trial(spec, parent, result), "mlflow_parent": parent}
                 store.put(spec, result)
             last = result["history"][-1]
@@ -116,7 +143,7 @@ class Finetuner:
 
         def complete(spec: TrialSpec, history: list[dict]) -> None:
             result = {"fingerprint": prints[spec.group], "history": history}
-            store.put(spec, result)   # first: a finished trial never runs again
+            store.put(spec, result)  # first: a finished trial never runs again
             record(spec, result)
             progress()
 
@@ -137,23 +164,36 @@ class Finetuner:
             raise
         return len(summary["tasks"]) == len(self.cfg.tasks)
 
-    def _finish(self, group: Group, specs: list[TrialSpec], finals: dict, tracker: FinetuneTracker, parent: str,
-                summary: dict) -> None:
+    def _finish(
+        self, group: Group, specs: list[TrialSpec], finals: dict, tracker: FinetuneTracker, parent: str, summary: dict
+    ) -> None:
         task = TASKS[group.task]
         selection = select({s: finals[s] for s in specs}, self.grid(group.task), task.main_metric)
         data = self.data[group.task]
         grid = asdict(getattr(self.cfg.grids, task.grid))
-        tracker.finish(parent, selection, {**data.counts, "configurations": len(self.grid(group.task)),
-                                           "trials": len(specs)},
-                       {"grid": grid, "data": data.sources, "finetune": {k: v for k, v in to_dict(self.cfg).items()
-                                                                          if k in ("max_seq_len", "adam_betas",
-                                                                                   "weight_decay", "clip_norm")}})
-        summary["tasks"][group.task] = {"main_metric": task.main_metric, "config": selection.best.name,
-                                        **selection.stats,
-                                        "seeds": {str(k): v for k, v in selection.by_seed.items()}}
+        tracker.finish(
+            parent,
+            selection,
+            {**data.counts, "configurations": len(self.grid(group.task)), "trials": len(specs)},
+            {
+                "grid": grid,
+                "data": data.sources,
+                "finetune": {
+                    k: v
+                    for k, v in to_dict(self.cfg).items()
+                    if k in ("max_seq_len", "adam_betas", "weight_decay", "clip_norm")
+                },
+            },
+        )
+        summary["tasks"][group.task] = {
+            "main_metric": task.main_metric,
+            "config": selection.best.name,
+            **selection.stats,
+            "seeds": {str(k): v for k, v in selection.by_seed.items()},
+        }
 
     def _execute(self, todo: list[TrialSpec], encoder_dir: Path, soft: float, hard: float, complete) -> None:
-        if self.workers <= 1:   # in this process, one after another (a CPU, the dry run)
+        if self.workers <= 1:  # in this process, one after another (a CPU, the dry run)
             _init_worker(self.data, self.settings, str(self.device), torch.get_num_threads())
             for spec in todo:
                 if self.clock() >= soft:
@@ -172,9 +212,8 @@ class Finetuner:
                 running[future], began[future] = spec, self.clock()
             if not running:
                 return
-            done, _ = futures.wait(running, timeout=max(0.0, hard - self.clock()),
-                                   return_when=futures.FIRST_COMPLETED)
-            if not done:   # the hard deadline: stop the workers, the trials run again next time
+            done, _ = futures.wait(running, timeout=max(0.0, hard - self.clock()), return_when=futures.FIRST_COMPLETED)
+            if not done:  # the hard deadline: stop the workers, the trials run again next time
                 self.close(kill=True)
                 return
             for future in done:
@@ -184,15 +223,18 @@ class Finetuner:
     def _pool(self) -> futures.ProcessPoolExecutor:
         if self.pool is None:
             threads = 1 if self.device.type == "cuda" else max(1, torch.get_num_threads() // self.workers)
-            self.pool = futures.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                    initializer=_init_worker,
-                                                    initargs=(self.data, self.settings, str(self.device), threads))
+            self.pool = futures.ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self.data, self.settings, str(self.device), threads),
+            )
         return self.pool
 
     def close(self, kill: bool = False) -> None:
         if self.pool is None:
             return
-        if kill:   # ProcessPoolExecutor cannot stop a running task: end its processes
+        if kill:  # ProcessPoolExecutor cannot stop a running task: end its processes
             for process in list(getattr(self.pool, "_processes", {}).values()):
                 process.kill()
         self.pool.shutdown(wait=not kill, cancel_futures=True)

@@ -23,8 +23,7 @@ class Batch:
     mlm_mask: torch.Tensor
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
-                        for f in fields(self)})
+        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
 
     @property
     def num_tokens(self) -> int:

@@ -49,8 +49,11 @@ from electralab.errors import EXIT_BAD_INPUT, EXPECTED_ERRORS, StageBusy
 
 THREADS_ENV, VERBOSE_ENV = "ELECTRALAB_THREADS", "ELECTRALAB_VERBOSE"
 # Library loggers whose INFO lines drown a stage's own output, and the level they get unless verbose.
-QUIET = {"mlflow": logging.WARNING, "alembic": logging.WARNING,
-         "ray._private.authentication.authentication_token_setup": logging.ERROR}
+QUIET = {
+    "mlflow": logging.WARNING,
+    "alembic": logging.WARNING,
+    "ray._private.authentication.authentication_token_setup": logging.ERROR,
+}
 
 
 def cpus_given() -> int:
@@ -68,8 +71,8 @@ def cpus_given() -> int:
 def set_threads() -> int:
     """torch's intra-op threads for this stage (see the module docstring); returns the count."""
     threads = int(os.environ.get(THREADS_ENV) or os.environ.get("OMP_NUM_THREADS") or cpus_given())
-    os.environ["OMP_NUM_THREADS"] = str(threads)   # torch reads it at import; Ray trials set their own
-    if "torch" in sys.modules:                     # imported already: tell it directly
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # torch reads it at import; Ray trials set their own
+    if "torch" in sys.modules:  # imported already: tell it directly
         sys.modules["torch"].set_num_threads(threads)
     return threads
 
@@ -78,15 +81,20 @@ def quiet_libraries() -> None:
     """Libraries' INFO lines off unless ELECTRALAB_VERBOSE is set (see the module docstring)."""
     if os.environ.get(VERBOSE_ENV, "").lower() in ("1", "true", "yes"):
         return
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")   # MLflow configures its loggers at import
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # MLflow configures its loggers at import
     for name, level in QUIET.items():
         logging.getLogger(name).setLevel(level)
 
 
-def run_stage(name: str, body: Callable[[Params, argparse.Namespace], None], argv: list[str] | None = None,
-              arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"stages/{name}.py",
-                                     description=f"DVC stage `{name}` (see dvc.yaml and docs/).")
+def run_stage(
+    name: str,
+    body: Callable[[Params, argparse.Namespace], None],
+    argv: list[str] | None = None,
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
+    parser = argparse.ArgumentParser(
+        prog=f"stages/{name}.py", description=f"DVC stage `{name}` (see dvc.yaml and docs/)."
+    )
     parser.add_argument("--params", default="params.yaml", help="the params file (default: %(default)s)")
     if arguments is not None:
         arguments(parser)
@@ -112,8 +120,10 @@ def stage_lock(stage: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
-            raise StageBusy(f"stage {stage} is already running in {path.parents[2]} ({lock.read().strip() or 'pid ?'}, "
-                            f"lock {path}); wait for it to end, or stop it") from None
+            raise StageBusy(
+                f"stage {stage} is already running in {path.parents[2]} ({lock.read().strip() or 'pid ?'}, "
+                f"lock {path}); wait for it to end, or stop it"
+            ) from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()}")

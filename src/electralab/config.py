@@ -36,8 +36,13 @@ def _range(lo: float | None = None, hi: float | None = None) -> dict:
     return {"range": (lo, hi)}
 
 
-def bounded(default: Any = dataclasses.MISSING, *, lo: float | None = None, hi: float | None = None,
-           factory: Any = dataclasses.MISSING) -> Any:
+def bounded(
+    default: Any = dataclasses.MISSING,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    factory: Any = dataclasses.MISSING,
+) -> Any:
     """A dataclass field with an inclusive [lo, hi] range checked at load time."""
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=_range(lo, hi))
@@ -48,9 +53,11 @@ def bounded(default: Any = dataclasses.MISSING, *, lo: float | None = None, hi: 
 # Data: corpus -> vocab -> shards
 # --------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class HubSource:
     """One corpus on the Hugging Face hub, read with `datasets.load_dataset(path, name, split=...)`."""
+
     path: str
     name: str | None = None
     split: str = "train"
@@ -66,6 +73,7 @@ class HubSource:
 @dataclass(frozen=True)
 class MirrorSource:
     """One file under $ELECTRALAB_DATA/corpus/ (the offline mirror)."""
+
     file: str
     # "paragraphs": one paragraph per line, a blank line between documents (the mirror's format);
     # "wikitext": WikiText raw lines, articles start at " = Title = " headings.
@@ -73,19 +81,21 @@ class MirrorSource:
 
 
 # The papers' base corpus (BERT's; COCO-LM and AMOS Sec. 4 "Wikipedia and BookCorpus", 16 GB).
-BASE_CORPUS = (HubSource("wikimedia/wikipedia", "20231101.en", format="document"),
-               HubSource("rojagtap/bookcorpus", format="sentences"))
+BASE_CORPUS = (
+    HubSource("wikimedia/wikipedia", "20231101.en", format="document"),
+    HubSource("rojagtap/bookcorpus", format="sentences"),
+)
 # The offline mirror's English Wikipedia articles ($ELECTRALAB_DATA/corpus/, ../shared/data/SOURCES.md).
 MIRROR_CORPUS = (MirrorSource("enwiki_featured_articles.txt"), MirrorSource("enwiki_good_articles_sample.txt"))
 
 
 @dataclass(frozen=True)
 class CorpusConfig:
-    hub: tuple[HubSource, ...] = BASE_CORPUS          # read when ELECTRALAB_DATA is not set
+    hub: tuple[HubSource, ...] = BASE_CORPUS  # read when ELECTRALAB_DATA is not set
     mirror: tuple[MirrorSource, ...] = MIRROR_CORPUS  # read when ELECTRALAB_DATA names a local mirror
-    uncased: bool = True              # lowercase + strip accents, like BERT-uncased
-    max_documents: int | None = bounded(None, lo=1)   # cap for quick presets; None = everything
-    shard_documents: int = bounded(50_000, lo=1)      # documents per output Parquet file
+    uncased: bool = True  # lowercase + strip accents, like BERT-uncased
+    max_documents: int | None = bounded(None, lo=1)  # cap for quick presets; None = everything
+    shard_documents: int = bounded(50_000, lo=1)  # documents per output Parquet file
 
     def check(self, where: str) -> None:
         if not self.hub and not self.mirror:
@@ -107,7 +117,8 @@ class VocabConfig:
 @dataclass(frozen=True)
 class MaskingConfig:
     """What the loader does to X^orig to make the generator's/MLM's input X^mask."""
-    mask_prob: float = bounded(0.15, lo=0.0, hi=1.0)        # 15% (BERT; all three papers)
+
+    mask_prob: float = bounded(0.15, lo=0.0, hi=1.0)  # 15% (BERT; all three papers)
     # Of the selected positions: share replaced by [MASK], by a random token; the rest kept.
     # BERT/RoBERTa: 0.8/0.1 (kept 0.1). ELECTRA's released code: 0.85/0.0 (kept 0.15).
     mask_token_prob: float = bounded(0.8, lo=0.0, hi=1.0)
@@ -117,14 +128,16 @@ class MaskingConfig:
 
     def check(self, where: str) -> None:
         if self.mask_token_prob + self.random_token_prob > 1.0:
-            raise ConfigError(f"{where}: mask_token_prob + random_token_prob = "
-                              f"{self.mask_token_prob + self.random_token_prob} exceeds 1")
+            raise ConfigError(
+                f"{where}: mask_token_prob + random_token_prob = "
+                f"{self.mask_token_prob + self.random_token_prob} exceeds 1"
+            )
 
 
 @dataclass(frozen=True)
 class StaticMaskingConfig:
     # TEAMS App. B: "duplicate training data 40 times so each sequence is masked in 40 different ways".
-    duplication: int = bounded(0, lo=0, hi=1000)   # 0 = dynamic masking at load time (the default)
+    duplication: int = bounded(0, lo=0, hi=1000)  # 0 = dynamic masking at load time (the default)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
 
 
@@ -142,19 +155,21 @@ class ShardsConfig:
 # Model sizes
 # --------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class EncoderConfig:
     """A BERT-style post-LayerNorm Transformer encoder."""
+
     hidden: int = bounded(768, lo=8)
     layers: int = bounded(12, lo=1, hi=128)
     heads: int = bounded(12, lo=1)
     ffn: int = bounded(3072, lo=8)
-    embedding: int = bounded(768, lo=8)      # factorised token embedding size (ELECTRA-Small: 128)
+    embedding: int = bounded(768, lo=8)  # factorised token embedding size (ELECTRA-Small: 128)
     dropout: float = bounded(0.1, lo=0.0, hi=1.0)
     attention_dropout: float = bounded(0.1, lo=0.0, hi=1.0)
     max_positions: int = bounded(512, lo=16)
     absolute_positions: bool = True
-    relative_positions: bool = True         # T5 bucketed relative position bias (COCO-LM Sec. 4)
+    relative_positions: bool = True  # T5 bucketed relative position bias (COCO-LM Sec. 4)
     relative_buckets: int = bounded(32, lo=4)
     relative_max_distance: int = bounded(128, lo=2)
     layer_norm_eps: float = bounded(1e-5, lo=0.0, hi=1e-2)
@@ -170,8 +185,10 @@ class EncoderConfig:
         if self.hidden % self.heads:
             raise ConfigError(f"{where}: hidden={self.hidden} is not divisible by heads={self.heads}")
         if self.relative_max_distance <= self.relative_buckets // 4:
-            raise ConfigError(f"{where}: relative_max_distance={self.relative_max_distance} must exceed "
-                              f"relative_buckets // 4 = {self.relative_buckets // 4} (T5 bucketing)")
+            raise ConfigError(
+                f"{where}: relative_max_distance={self.relative_max_distance} must exceed "
+                f"relative_buckets // 4 = {self.relative_buckets // 4} (T5 bucketing)"
+            )
         if not (self.absolute_positions or self.relative_positions):
             raise ConfigError(f"{where}: enable absolute_positions or relative_positions (or both)")
 
@@ -179,6 +196,7 @@ class EncoderConfig:
 @dataclass(frozen=True)
 class GeneratorSize:
     """Size of an auxiliary network relative to the main model; None = same as the main model."""
+
     layers: int | None = bounded(None, lo=1, hi=128)
     hidden: int | None = bounded(None, lo=8)
     heads: int | None = bounded(None, lo=1)
@@ -188,25 +206,28 @@ class GeneratorSize:
 @dataclass(frozen=True)
 class GeneratorSizes:
     """The auxiliary networks of each method at this scale."""
-    electra: GeneratorSize = field(default_factory=GeneratorSize)   # same depth, 1/3 (base) or 1/4 width
-    cocolm: GeneratorSize = field(default_factory=GeneratorSize)    # 4 layers base, 6 large, full width
-    amos: GeneratorSize = field(default_factory=GeneratorSize)      # 8 layers, full width
-    teams: GeneratorSize = field(default_factory=GeneratorSize)     # 1/2 depth, full width
+
+    electra: GeneratorSize = field(default_factory=GeneratorSize)  # same depth, 1/3 (base) or 1/4 width
+    cocolm: GeneratorSize = field(default_factory=GeneratorSize)  # 4 layers base, 6 large, full width
+    amos: GeneratorSize = field(default_factory=GeneratorSize)  # 8 layers, full width
+    teams: GeneratorSize = field(default_factory=GeneratorSize)  # 1/2 depth, full width
 
 
 # --------------------------------------------------------------------------------------------
 # Pretraining and fine-tuning schedules (the loops live in electralab.train / electralab.finetune)
 # --------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class GuardConfig:
     """The collapse guard (src/electralab/train/diagnostics.py, docs/training.md): held-out diagnostics
     every `every` steps and at the end; from `after` of training (never during the warm-up) a collapsed
     run stops with RepresentationCollapsed."""
+
     enabled: bool = True
     every: int = bounded(1000, lo=1)
-    batches: int = bounded(4, lo=1)                     # held-out micro-batches per check
-    after: float = bounded(0.25, lo=0.0, hi=1.0)        # fraction of the steps before it judges
+    batches: int = bounded(4, lo=1)  # held-out micro-batches per check
+    after: float = bounded(0.25, lo=0.0, hi=1.0)  # fraction of the steps before it judges
     max_token_cosine: float = bounded(0.99, lo=0.0, hi=1.0)
     min_base_rate_gain: float = bounded(0.02, lo=0.0, hi=1.0)
 
@@ -214,8 +235,8 @@ class GuardConfig:
 @dataclass(frozen=True)
 class PretrainConfig:
     steps: int = bounded(125_000, lo=1)
-    batch_size: int = bounded(2048, lo=1)            # sequences per optimizer step (all ranks)
-    micro_batch_size: int = bounded(32, lo=1)        # sequences per forward pass on one rank
+    batch_size: int = bounded(2048, lo=1)  # sequences per optimizer step (all ranks)
+    micro_batch_size: int = bounded(32, lo=1)  # sequences per forward pass on one rank
     lr: float = bounded(5e-4, lo=0.0, hi=1.0)
     warmup_steps: int = bounded(10_000, lo=0)
     adam_betas: tuple[float, float] = (0.9, 0.98)
@@ -226,7 +247,7 @@ class PretrainConfig:
     # small-budget practice (Geiping & Goldstein 2023, Sec. 4.3). Fine-tuning always uses the model's.
     dropout: float | None = bounded(None, lo=0.0, hi=1.0)
     seed: int = 1
-    num_workers: int = bounded(1, lo=1, hi=4096)     # data-parallel ranks; > 1 runs under Ray Train
+    num_workers: int = bounded(1, lo=1, hi=4096)  # data-parallel ranks; > 1 runs under Ray Train
     use_gpu: bool = False
     # bf16 autocast where the hardware computes bf16 natively (CUDA; CPUs with AVX512-BF16/AMX), else
     # fp32; "fp32" / "bf16" force one. Detected once at the start and logged (docs/performance.md).
@@ -242,8 +263,10 @@ class PretrainConfig:
         if any(not 0 <= b < 1 for b in self.adam_betas):
             raise ConfigError(f"{where}.adam_betas={list(self.adam_betas)}: betas must be in [0, 1)")
         if any(not 0 < f <= 1 for f in self.checkpoint_fractions):
-            raise ConfigError(f"{where}.checkpoint_fractions={list(self.checkpoint_fractions)}: fractions of "
-                              f"training must be in (0, 1]")
+            raise ConfigError(
+                f"{where}.checkpoint_fractions={list(self.checkpoint_fractions)}: fractions of "
+                f"training must be in (0, 1]"
+            )
         if len(set(self.checkpoint_fractions)) != len(self.checkpoint_fractions):
             raise ConfigError(f"{where}.checkpoint_fractions={list(self.checkpoint_fractions)} repeats a value")
 
@@ -254,10 +277,11 @@ FINETUNE_TASKS = ("mnli", "qqp", "qnli", "sst2", "cola", "rte", "mrpc", "stsb", 
 @dataclass(frozen=True)
 class SearchSpace:
     """One fine-tuning grid: every combination of these values is a configuration."""
-    lr: tuple[float, ...]             # peak learning rates
-    epochs: tuple[int, ...]           # max epochs
+
+    lr: tuple[float, ...]  # peak learning rates
+    epochs: tuple[int, ...]  # max epochs
     batch_size: tuple[int, ...]
-    warmup: tuple[float, ...]         # warm-up proportion of the total steps (0.06 = 6%)
+    warmup: tuple[float, ...]  # warm-up proportion of the total steps (0.06 = 6%)
 
     def check(self, where: str) -> None:
         for name in ("lr", "epochs", "batch_size", "warmup"):
@@ -278,6 +302,7 @@ class SearchSpace:
 class FinetuneGrids:
     """COCO-LM Table 7 splits GLUE into small tasks (CoLA, RTE, MRPC, STS-B) and large ones (MNLI,
     QQP, QNLI, SST-2), each with its own grid; Table 8 is the SQuAD grid."""
+
     glue_small: SearchSpace
     glue_large: SearchSpace
     squad2: SearchSpace
@@ -286,11 +311,12 @@ class FinetuneGrids:
 @dataclass(frozen=True)
 class SquadSettings:
     """SQuAD 2.0 windows and answer decoding (BERT's run_squad.py settings at base)."""
-    doc_stride: int = bounded(128, lo=1)          # tokens between the starts of two context windows
-    max_query_len: int = bounded(64, lo=1)        # question tokens kept
-    max_answer_len: int = bounded(30, lo=1)       # longest answer span, in tokens
-    n_best: int = bounded(20, lo=1)               # start/end candidates per window
-    null_threshold: float = 0.0                   # predict "" when null score - best span score > this
+
+    doc_stride: int = bounded(128, lo=1)  # tokens between the starts of two context windows
+    max_query_len: int = bounded(64, lo=1)  # question tokens kept
+    max_answer_len: int = bounded(30, lo=1)  # longest answer span, in tokens
+    n_best: int = bounded(20, lo=1)  # start/end candidates per window
+    null_threshold: float = 0.0  # predict "" when null score - best span score > this
     # SQuAD caps in questions (a question is 2-4 windows, ~5x a GLUE pair); None: the general caps.
     max_train_questions: int | None = bounded(None, lo=1)
     max_eval_questions: int | None = bounded(None, lo=1)
@@ -299,24 +325,28 @@ class SquadSettings:
 @dataclass(frozen=True)
 class TrialResources:
     """What one Tune trial asks for: CPUs locally, a GPU or a fraction of one on a cluster."""
+
     cpus: float = bounded(1.0, lo=0.0)
     gpus: float = bounded(0.0, lo=0.0)
-    max_concurrent: int | None = bounded(None, lo=1)   # None: as many as the resources allow
-    local_cpus: int | None = bounded(None, lo=1)       # CPUs of a local Ray; None: those this process may use
+    max_concurrent: int | None = bounded(None, lo=1)  # None: as many as the resources allow
+    local_cpus: int | None = bounded(None, lo=1)  # CPUs of a local Ray; None: those this process may use
 
 
 def base_grids() -> FinetuneGrids:
     """COCO-LM Table 7 (GLUE, base/base++) and Table 8 (SQuAD 2.0): the papers' fine-tuning search."""
     return FinetuneGrids(
-        glue_small=SearchSpace(lr=(2e-5, 3e-5, 4e-5, 5e-5), epochs=(2, 3, 5, 10), batch_size=(16, 32),
-                               warmup=(0.06, 0.1)),
+        glue_small=SearchSpace(
+            lr=(2e-5, 3e-5, 4e-5, 5e-5), epochs=(2, 3, 5, 10), batch_size=(16, 32), warmup=(0.06, 0.1)
+        ),
         glue_large=SearchSpace(lr=(1e-5, 2e-5, 3e-5, 4e-5), epochs=(2, 3, 5), batch_size=(32,), warmup=(0.06,)),
-        squad2=SearchSpace(lr=(2e-5, 3e-5, 4e-5, 5e-5), epochs=(2, 3), batch_size=(16, 32), warmup=(0.06, 0.1)))
+        squad2=SearchSpace(lr=(2e-5, 3e-5, 4e-5, 5e-5), epochs=(2, 3), batch_size=(16, 32), warmup=(0.06, 0.1)),
+    )
 
 
 @dataclass(frozen=True)
 class FinetuneConfig:
     """Fine-tuning and evaluation (docs/finetuning.md): tasks, the grids, seeds, caps, extras."""
+
     grids: FinetuneGrids = field(default_factory=base_grids)
     tasks: tuple[str, ...] = FINETUNE_TASKS
     # The same seeds for every run and configuration; the median over them is reported.
@@ -330,14 +360,14 @@ class FinetuneConfig:
     # cost stays near the small tasks'; the same fixed sample for every run).
     train_caps: dict[str, int] = field(default_factory=dict)
     eval_batch_size: int = bounded(128, lo=1)
-    precision: Literal["auto", "fp32", "bf16"] = "auto"   # as pretrain.precision
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # as pretrain.precision
     # Evaluate after every epoch (a child run's curve), or after the last one only (the result either way).
     eval_every_epoch: bool = True
     # Optimiser (COCO-LM Table 7): Adam (0.9, 0.98), eps 1e-6, weight decay 0.01, no clipping.
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = bounded(1e-6, lo=0.0, hi=1.0)
     weight_decay: float = bounded(0.01, lo=0.0, hi=1.0)
-    clip_norm: float = bounded(0.0, lo=0.0)       # 0 = no clipping
+    clip_norm: float = bounded(0.0, lo=0.0)  # 0 = no clipping
     # Batches of similar lengths (fairseq's size-sorted batching); dynamic padding either way.
     group_by_length: bool = True
     # Per-run extras, driven by the run's tables: MNLI on the pretraining fraction checkpoints
@@ -349,7 +379,7 @@ class FinetuneConfig:
     # all labels (5 seeds); "grid": they search the task's whole grid.
     extras_grid: Literal["selected", "grid"] = "selected"
     resources: TrialResources = field(default_factory=TrialResources)
-    max_failures: int = bounded(2, lo=0)          # retries of a failed trial
+    max_failures: int = bounded(2, lo=0)  # retries of a failed trial
 
     def check(self, where: str) -> None:
         for key in ("tasks", "efficiency_tasks", "few_shot_tasks", "train_caps"):
@@ -361,14 +391,20 @@ class FinetuneConfig:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"{where}.seeds={list(self.seeds)}: list at least one seed, each once")
         if any(not 0 < f <= 1 for f in self.few_shot_fractions):
-            raise ConfigError(f"{where}.few_shot_fractions={list(self.few_shot_fractions)}: fractions must be in (0, 1]")
+            raise ConfigError(
+                f"{where}.few_shot_fractions={list(self.few_shot_fractions)}: fractions must be in (0, 1]"
+            )
         if self.squad.max_query_len + 3 >= self.max_seq_len:
-            raise ConfigError(f"{where}.squad.max_query_len={self.squad.max_query_len} leaves no room for the "
-                              f"context in max_seq_len={self.max_seq_len}")
+            raise ConfigError(
+                f"{where}.squad.max_query_len={self.squad.max_query_len} leaves no room for the "
+                f"context in max_seq_len={self.max_seq_len}"
+            )
         context = self.max_seq_len - self.squad.max_query_len - 3
         if self.squad.doc_stride > context:
-            raise ConfigError(f"{where}.squad.doc_stride={self.squad.doc_stride} exceeds the context window "
-                              f"({context} tokens = max_seq_len - max_query_len - 3): windows would skip text")
+            raise ConfigError(
+                f"{where}.squad.doc_stride={self.squad.doc_stride} exceeds the context window "
+                f"({context} tokens = max_seq_len - max_query_len - 3): windows would skip text"
+            )
         if any(not 0 <= b < 1 for b in self.adam_betas):
             raise ConfigError(f"{where}.adam_betas={list(self.adam_betas)}: betas must be in [0, 1)")
         if self.resources.cpus == 0 and self.resources.gpus == 0:
@@ -383,7 +419,7 @@ class Preset:
     model: EncoderConfig
     generators: GeneratorSizes
     pretrain: PretrainConfig
-    finetune: FinetuneConfig | None = None   # None: this preset does not fine-tune (the stage says so)
+    finetune: FinetuneConfig | None = None  # None: this preset does not fine-tune (the stage says so)
     # Named pretraining budgets besides the main one (`pretrain`), as overrides of it: a run with
     # `budget: ablation` trains with `pretrain` updated by `budgets.ablation`. A budget the preset does
     # not name is the main one. The tiny preset gives its ablation tables a smaller budget of their own.
@@ -402,11 +438,15 @@ class Preset:
                 raise ConfigError(f"{where}.budgets.{MAIN_BUDGET}: the main budget is {where}.pretrain itself")
             self.pretrain_for(budget, where)
         if self.shards.seq_len > self.model.max_positions:
-            raise ConfigError(f"{where}.shards.seq_len={self.shards.seq_len} exceeds "
-                              f"{where}.model.max_positions={self.model.max_positions}")
+            raise ConfigError(
+                f"{where}.shards.seq_len={self.shards.seq_len} exceeds "
+                f"{where}.model.max_positions={self.model.max_positions}"
+            )
         if self.finetune is not None and self.finetune.max_seq_len > self.model.max_positions:
-            raise ConfigError(f"{where}.finetune.max_seq_len={self.finetune.max_seq_len} exceeds "
-                              f"{where}.model.max_positions={self.model.max_positions}")
+            raise ConfigError(
+                f"{where}.finetune.max_seq_len={self.finetune.max_seq_len} exceeds "
+                f"{where}.model.max_positions={self.model.max_positions}"
+            )
 
 
 PRESETS = ("tiny", "small", "base", "base_pp", "large_pp")
@@ -424,6 +464,7 @@ def deep_merge(base: dict, update: dict) -> dict:
 # --------------------------------------------------------------------------------------------
 # Loading with checks
 # --------------------------------------------------------------------------------------------
+
 
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
@@ -508,8 +549,7 @@ def _build_dataclass(cls: type, value: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(value) - set(fields))
     if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r} "
-                          f"(allowed: {', '.join(fields)})")
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(fields)})")
     kwargs = {}
     for name, f in fields.items():
         path = f"{where}.{name}" if where else name
@@ -539,10 +579,11 @@ def build(cls: type, value: Any, where: str = "") -> Any:
 @dataclass(frozen=True)
 class Params:
     """Everything in params.yaml, checked. `active` is the selected preset."""
+
     preset: str
     presets: dict[str, Preset]
-    methods: dict[str, Any]   # checked by electralab.objectives (each method owns its settings)
-    runs: dict[str, Any]      # checked by electralab.runs
+    methods: dict[str, Any]  # checked by electralab.objectives (each method owns its settings)
+    runs: dict[str, Any]  # checked by electralab.runs
     raw: dict[str, Any]
 
     @property
@@ -567,8 +608,10 @@ def _check_required(name: str, preset: Any) -> None:
         values = preset.get(section) if isinstance(preset, dict) else None
         for key in keys:
             if not isinstance(values, dict) or key not in values:
-                raise ConfigError(f"presets.{name}.{section}.{key}: missing; every preset sets it (its default is "
-                                  f"the base setting, not this preset's)")
+                raise ConfigError(
+                    f"presets.{name}.{section}.{key}: missing; every preset sets it (its default is "
+                    f"the base setting, not this preset's)"
+                )
 
 
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:
@@ -594,8 +637,13 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     for key in ("methods", "runs"):
         if not isinstance(raw.get(key) or {}, dict):
             raise ConfigError(f"{source}: {key} must be a mapping")
-    return Params(preset=preset, presets=presets, methods=dict(raw.get("methods") or {}),
-                  runs=dict(raw.get("runs") or {}), raw=raw)
+    return Params(
+        preset=preset,
+        presets=presets,
+        methods=dict(raw.get("methods") or {}),
+        runs=dict(raw.get("runs") or {}),
+        raw=raw,
+    )
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
@@ -622,8 +670,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise ConfigError(f"key {key!r} appears twice in one mapping (lines {seen[key] + 1} and "
-                                  f"{key_node.start_mark.line + 1}); keep one")
+                raise ConfigError(
+                    f"key {key!r} appears twice in one mapping (lines {seen[key] + 1} and "
+                    f"{key_node.start_mark.line + 1}); keep one"
+                )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 

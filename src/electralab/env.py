@@ -8,7 +8,7 @@ from pathlib import Path
 from electralab.errors import ConfigError
 
 DATA_ENV = "ELECTRALAB_DATA"
-ALLOW_MISSING_ENV = "ELECTRALAB_ALLOW_MISSING"   # 1: a fine-tuning task without its data is recorded, not fatal
+ALLOW_MISSING_ENV = "ELECTRALAB_ALLOW_MISSING"  # 1: a fine-tuning task without its data is recorded, not fatal
 
 
 def repo_root() -> Path:
@@ -45,7 +45,9 @@ def data_root() -> Path | None:
         return None
     path = Path(value).expanduser().resolve()
     if not path.is_dir():
-        raise ConfigError(f"{DATA_ENV}={value!r}: no such directory ({path}); unset it to read "
-                          f"from the Hugging Face hub, or point it at a mirror laid out as "
-                          f"docs/data.md describes")
+        raise ConfigError(
+            f"{DATA_ENV}={value!r}: no such directory ({path}); unset it to read "
+            f"from the Hugging Face hub, or point it at a mirror laid out as "
+            f"docs/data.md describes"
+        )
     return path

@@ -32,4 +32,4 @@ class StageBusy(RuntimeError):
 
 
 EXPECTED_ERRORS = (ConfigError, DataError, TrainingFailed, TrialsFailed, StageBusy)
-EXIT_BAD_INPUT = 2   # a stage's exit status on an expected error: a retry cannot fix it
+EXIT_BAD_INPUT = 2  # a stage's exit status on an expected error: a retry cannot fix it

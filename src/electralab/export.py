@@ -35,8 +35,8 @@ from electralab.model.encoder import Encoder
 FORMAT = "electralab-encoder"
 
 
-VOCAB_FILES = (MODEL_FILE, VOCAB_FILE, TOKENIZER_FILE)   # what electralab.data.vocab.Tokenizer reads
-REMOTE_CODE = Path(__file__).with_name("modeling_electralab.py")   # copied into relative-position exports
+VOCAB_FILES = (MODEL_FILE, VOCAB_FILE, TOKENIZER_FILE)  # what electralab.data.vocab.Tokenizer reads
+REMOTE_CODE = Path(__file__).with_name("modeling_electralab.py")  # copied into relative-position exports
 
 
 def copy_vocab(vocab_dir: str | Path | None, directory: Path) -> None:
@@ -51,9 +51,15 @@ def copy_vocab(vocab_dir: str | Path | None, directory: Path) -> None:
 def save_encoder(encoder: Encoder, directory: str | Path, vocab_dir: str | Path | None = None) -> None:
     directory = Path(directory)
     with atomic_dir(directory) as tmp:
-        write_json(tmp / "config.json", {"format": FORMAT, "version": 1,
-                                         "vocab_size": encoder.embeddings.tokens.num_embeddings,
-                                         "encoder": dataclasses.asdict(encoder.cfg)})
+        write_json(
+            tmp / "config.json",
+            {
+                "format": FORMAT,
+                "version": 1,
+                "vocab_size": encoder.embeddings.tokens.num_embeddings,
+                "encoder": dataclasses.asdict(encoder.cfg),
+            },
+        )
         torch.save({k: v.detach().cpu() for k, v in encoder.state_dict().items()}, tmp / "weights.pt")
         copy_vocab(vocab_dir, tmp)
 
@@ -82,20 +88,33 @@ def huggingface_compatible(cfg: EncoderConfig) -> bool:
 def huggingface_config(encoder: Encoder) -> dict:
     cfg, vocab = encoder.cfg, encoder.embeddings.tokens.num_embeddings
     config = {
-        "model_type": "electra", "architectures": ["ElectraModel"], "vocab_size": vocab,
-        "embedding_size": cfg.embedding, "hidden_size": cfg.hidden, "num_hidden_layers": cfg.layers,
-        "num_attention_heads": cfg.heads, "intermediate_size": cfg.ffn, "hidden_act": "gelu",
-        "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.attention_dropout,
-        "max_position_embeddings": cfg.max_positions, "type_vocab_size": 2,
-        "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
-        "position_embedding_type": "absolute", "pad_token_id": PAD_ID,
+        "model_type": "electra",
+        "architectures": ["ElectraModel"],
+        "vocab_size": vocab,
+        "embedding_size": cfg.embedding,
+        "hidden_size": cfg.hidden,
+        "num_hidden_layers": cfg.layers,
+        "num_attention_heads": cfg.heads,
+        "intermediate_size": cfg.ffn,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.attention_dropout,
+        "max_position_embeddings": cfg.max_positions,
+        "type_vocab_size": 2,
+        "initializer_range": cfg.initializer_range,
+        "layer_norm_eps": cfg.layer_norm_eps,
+        "position_embedding_type": "absolute",
+        "pad_token_id": PAD_ID,
     }
     if not huggingface_compatible(cfg):
         module = REMOTE_CODE.stem
         # model_type stays "electra" so that AutoConfig/AutoTokenizer load without remote code (modeling_electralab.py)
-        config.update(architectures=["ElectralabModel"],
-                      relative_buckets=cfg.relative_buckets, relative_max_distance=cfg.relative_max_distance,
-                      auto_map={"AutoConfig": f"{module}.ElectralabConfig", "AutoModel": f"{module}.ElectralabModel"})
+        config.update(
+            architectures=["ElectralabModel"],
+            relative_buckets=cfg.relative_buckets,
+            relative_max_distance=cfg.relative_max_distance,
+            auto_map={"AutoConfig": f"{module}.ElectralabConfig", "AutoModel": f"{module}.ElectralabModel"},
+        )
     return config
 
 
@@ -105,8 +124,9 @@ def huggingface_state_dict(encoder: Encoder) -> dict[str, torch.Tensor]:
     out = {
         "embeddings.word_embeddings.weight": emb.tokens.weight,
         # ELECTRA always adds a position table: zeros add nothing where we train without one.
-        "embeddings.position_embeddings.weight": (emb.positions.weight if emb.positions is not None
-                                                  else torch.zeros(cfg.max_positions, cfg.embedding)),
+        "embeddings.position_embeddings.weight": (
+            emb.positions.weight if emb.positions is not None else torch.zeros(cfg.max_positions, cfg.embedding)
+        ),
         "embeddings.token_type_embeddings.weight": torch.zeros(2, cfg.embedding),
         "embeddings.LayerNorm.weight": emb.norm.weight,
         "embeddings.LayerNorm.bias": emb.norm.bias,
@@ -120,8 +140,8 @@ def huggingface_state_dict(encoder: Encoder) -> dict[str, torch.Tensor]:
         p = f"encoder.layer.{i}."
         qkv_w, qkv_b = layer.attention.qkv.weight, layer.attention.qkv.bias
         for j, name in enumerate(("query", "key", "value")):
-            out[p + f"attention.self.{name}.weight"] = qkv_w[j * H:(j + 1) * H]
-            out[p + f"attention.self.{name}.bias"] = qkv_b[j * H:(j + 1) * H]
+            out[p + f"attention.self.{name}.weight"] = qkv_w[j * H : (j + 1) * H]
+            out[p + f"attention.self.{name}.bias"] = qkv_b[j * H : (j + 1) * H]
         out[p + "attention.output.dense.weight"] = layer.attention.out.weight
         out[p + "attention.output.dense.bias"] = layer.attention.out.bias
         out[p + "attention.output.LayerNorm.weight"] = layer.attention_norm.weight
@@ -135,8 +155,9 @@ def huggingface_state_dict(encoder: Encoder) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
 
-def save_huggingface(encoder: Encoder, directory: str | Path, vocab_dir: str | Path | None = None,
-                     card: str | None = None) -> None:
+def save_huggingface(
+    encoder: Encoder, directory: str | Path, vocab_dir: str | Path | None = None, card: str | None = None
+) -> None:
     """Write a transformers model directory (see the module docstring): config, weights, the remote code for a
     relative-position encoder, the tokenizer files when `vocab_dir` is given, and `card` as README.md."""
     with atomic_dir(directory) as tmp:

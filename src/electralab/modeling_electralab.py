@@ -42,7 +42,7 @@ def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int, 
 
 class ElectralabModel(ElectraModel):
     config_class = ElectralabConfig
-    _supports_flash_attn = False   # the bias is an additive mask: eager and SDPA attention take it
+    _supports_flash_attn = False  # the bias is an additive mask: eager and SDPA attention take it
     _supports_flex_attn = False
 
     def __init__(self, config: ElectralabConfig):
@@ -52,19 +52,21 @@ class ElectralabModel(ElectraModel):
 
     def relative_bias(self, length: int, device: torch.device) -> torch.Tensor:
         pos = torch.arange(length, device=device)
-        buckets = relative_position_bucket(pos[None, :] - pos[:, None], self.config.relative_buckets,
-                                           self.config.relative_max_distance)
-        return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)   # (1, heads, T, T)
+        buckets = relative_position_bucket(
+            pos[None, :] - pos[:, None], self.config.relative_buckets, self.config.relative_max_distance
+        )
+        return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # (1, heads, T, T)
 
     def _create_attention_masks(self, attention_mask, encoder_attention_mask, embedding_output, *args, **kwargs):
         attention_mask, encoder_attention_mask = super()._create_attention_masks(
-            attention_mask, encoder_attention_mask, embedding_output, *args, **kwargs)
+            attention_mask, encoder_attention_mask, embedding_output, *args, **kwargs
+        )
         bias = self.relative_bias(embedding_output.shape[1], embedding_output.device).to(embedding_output.dtype)
-        if attention_mask is None:             # no padding (SDPA)
+        if attention_mask is None:  # no padding (SDPA)
             attention_mask = bias
-        elif attention_mask.dtype == torch.bool:   # True = attend (SDPA)
+        elif attention_mask.dtype == torch.bool:  # True = attend (SDPA)
             attention_mask = bias.masked_fill(~attention_mask, torch.finfo(bias.dtype).min)
-        else:                                  # additive: 0 or the dtype's minimum (eager)
+        else:  # additive: 0 or the dtype's minimum (eager)
             attention_mask = attention_mask + bias
         self._bias_added = True
         return attention_mask, encoder_attention_mask
@@ -72,9 +74,11 @@ class ElectralabModel(ElectraModel):
     def forward(self, *args, **kwargs):
         self._bias_added = False
         out = super().forward(*args, **kwargs)
-        if not self._bias_added:   # a transformers version that builds its masks elsewhere: never silently wrong
-            raise RuntimeError("this transformers version does not call ElectraModel._create_attention_masks; the "
-                               "export's modeling_electralab.py was tested with transformers 5.23")
+        if not self._bias_added:  # a transformers version that builds its masks elsewhere: never silently wrong
+            raise RuntimeError(
+                "this transformers version does not call ElectraModel._create_attention_masks; the "
+                "export's modeling_electralab.py was tested with transformers 5.23"
+            )
         return out
 
 

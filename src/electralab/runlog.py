@@ -27,14 +27,14 @@ from typing import Any, Iterable, NamedTuple
 
 from electralab.errors import DataError
 
-COPY_LIMIT = 256 << 10        # artifacts up to 256 KiB are copied into the log; larger ones are named
-ARTIFACTS = "artifacts"       # <root>/artifacts/<run id>/...: the copied files
+COPY_LIMIT = 256 << 10  # artifacts up to 256 KiB are copied into the log; larger ones are named
+ARTIFACTS = "artifacts"  # <root>/artifacts/<run id>/...: the copied files
 STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 PARENT_TAG = "mlflow.parentRunId"
-LINK_TAGS = (PARENT_TAG, "pretrain_run_id")   # tags that name another run of the log: mapped on import
+LINK_TAGS = (PARENT_TAG, "pretrain_run_id")  # tags that name another run of the log: mapped on import
 
 
-class Metric(NamedTuple):   # the attributes of mlflow.entities.Metric that the log reads
+class Metric(NamedTuple):  # the attributes of mlflow.entities.Metric that the log reads
     key: str
     value: float
     timestamp: int
@@ -73,14 +73,23 @@ class FileClient:
         """experiment_id is the experiment's name here (the import finds or creates it by name)."""
         self.root.mkdir(parents=True, exist_ok=True)
         run_id = uuid.uuid4().hex
-        self._append(run_id, {"op": "create", "experiment": experiment_id, "name": run_name,
-                              "tags": {k: str(v) for k, v in (tags or {}).items()}})
+        self._append(
+            run_id,
+            {
+                "op": "create",
+                "experiment": experiment_id,
+                "name": run_name,
+                "tags": {k: str(v) for k, v in (tags or {}).items()},
+            },
+        )
         return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status="RUNNING"))
 
     def get_run(self, run_id: str):
         run = read_run(self._path(run_id))
-        return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=run.status),
-                               data=SimpleNamespace(tags=run.tags, params=run.params))
+        return SimpleNamespace(
+            info=SimpleNamespace(run_id=run_id, status=run.status),
+            data=SimpleNamespace(tags=run.tags, params=run.params),
+        )
 
     def has_run(self, run_id: str) -> bool:
         return self._path(run_id).is_file()
@@ -106,8 +115,10 @@ class FileClient:
         if params:
             self.log_params(run_id, {p.key: p.value for p in params})
         if metrics:
-            self._append(run_id, {"op": "metrics", "metrics": [[m.key, float(m.value), int(m.timestamp), int(m.step)]
-                                                               for m in metrics]})
+            self._append(
+                run_id,
+                {"op": "metrics", "metrics": [[m.key, float(m.value), int(m.timestamp), int(m.step)] for m in metrics]},
+            )
         if tags:
             self.set_tags(run_id, {t.key: t.value for t in tags})
 
@@ -123,7 +134,7 @@ class FileClient:
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(local, kept)
             self._append(run_id, {"op": "artifact", "path": target, "copy": kept.relative_to(self.root).as_posix()})
-        else:   # named only: where the log is imported, the file may or may not be there
+        else:  # named only: where the log is imported, the file may or may not be there
             self._append(run_id, {"op": "artifact", "path": target, "source": str(local.resolve()), "bytes": size})
 
     def log_artifacts(self, run_id: str, local_dir: str | Path, artifact_path: str | None = None) -> None:
@@ -148,6 +159,7 @@ class FileClient:
 # ------------------------------------------------------------------------------------------------
 # Reading
 # ------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class RunRecord:
@@ -180,8 +192,9 @@ def read_run(path: Path) -> RunRecord:
         if run is None:
             if op != "create":
                 raise DataError(f"{path}:{number}: the run log starts with {op!r}, not 'create'")
-            run = RunRecord(path.stem, record["experiment"], record.get("name"), dict(record["tags"]),
-                            start_time=record["t"])
+            run = RunRecord(
+                path.stem, record["experiment"], record.get("name"), dict(record["tags"]), start_time=record["t"]
+            )
         elif op == "params":
             run.params.update(record["params"])
         elif op == "metrics":
@@ -207,13 +220,15 @@ def read_runs(root: str | Path) -> list[RunRecord]:
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: no run log here (no such directory)")
-    return sorted((read_run(p) for p in root.glob("*.jsonl")),
-                  key=lambda r: (PARENT_TAG in r.tags, r.start_time, r.run_id))
+    return sorted(
+        (read_run(p) for p in root.glob("*.jsonl")), key=lambda r: (PARENT_TAG in r.tags, r.start_time, r.run_id)
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 # Import into MLflow
 # ------------------------------------------------------------------------------------------------
+
 
 def import_runlog(root: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
     """Replay the run log under `root` into MLflow (the project's store unless `tracking_uri`).
@@ -230,7 +245,7 @@ def import_runlog(root: str | Path, tracking_uri: str | None = None) -> dict[str
     root = Path(root)
     uri = tracking_uri or tracking.tracking_uri()
     client = MlflowClient(uri)
-    ids: dict[str, str] = {}      # run-log id -> MLflow run id
+    ids: dict[str, str] = {}  # run-log id -> MLflow run id
     counts = {"imported": 0, "unchanged": 0, "replaced": 0, "artifacts_not_found": 0}
     for run in read_runs(root):
         experiment = tracking.ensure_mlflow_experiment(run.experiment, uri)
@@ -250,11 +265,11 @@ def import_runlog(root: str | Path, tracking_uri: str | None = None) -> dict[str
         created = client.create_run(experiment, start_time=run.start_time, tags=tags, run_name=run.name)
         run_id = created.info.run_id
         params = [MlflowParam(k, v[:6000]) for k, v in run.params.items()]
-        for i in range(0, len(params), 100):          # MLflow's limits per batch
-            client.log_batch(run_id, params=params[i:i + 100])
+        for i in range(0, len(params), 100):  # MLflow's limits per batch
+            client.log_batch(run_id, params=params[i : i + 100])
         metrics = [MlflowMetric(k, v, t, s) for k, v, t, s in run.metrics]
         for i in range(0, len(metrics), 1000):
-            client.log_batch(run_id, metrics=metrics[i:i + 1000])
+            client.log_batch(run_id, metrics=metrics[i : i + 1000])
         for artifact in run.artifacts:
             counts["artifacts_not_found"] += not _import_artifact(client, run_id, root, artifact)
         status = "KILLED" if run.status == "RUNNING" else run.status
@@ -275,7 +290,7 @@ def _import_artifact(client, run_id: str, root: Path, artifact: dict) -> bool:
     if not source.is_file():
         client.set_tag(run_id, f"artifact_not_found.{artifact['path']}"[:250], str(source))
         return False
-    client.log_artifact(run_id, str(source), directory)   # both keep the logged file name
+    client.log_artifact(run_id, str(source), directory)  # both keep the logged file name
     return True
 
 

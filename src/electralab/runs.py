@@ -21,25 +21,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from electralab.config import (MAIN_BUDGET, EncoderConfig, GeneratorSizes, Params, PretrainConfig, build,
-                               deep_merge, to_dict)
+from electralab.config import (
+    MAIN_BUDGET,
+    EncoderConfig,
+    GeneratorSizes,
+    Params,
+    PretrainConfig,
+    build,
+    deep_merge,
+    to_dict,
+)
 from electralab.errors import ConfigError
 from electralab.objectives import METHODS, method_settings
 from electralab.tables import REGISTRY, tables_of
 
-TABLES = tuple(REGISTRY)   # every table and figure key (flows/reproduce.py --tables)
+TABLES = tuple(REGISTRY)  # every table and figure key (flows/reproduce.py --tables)
 
-DEFAULT_READS = "data/shards"   # every run reads the shards; a dependent run names another output
+DEFAULT_READS = "data/shards"  # every run reads the shards; a dependent run names another output
 
 
 @dataclass(frozen=True)
 class RunSpec:
     method: str
-    settings: dict[str, Any] = field(default_factory=dict)   # overrides of methods.<method>
-    model: dict[str, Any] = field(default_factory=dict)      # overrides of the preset's model
-    reads: str = DEFAULT_READS                               # another run's output this run needs
-    budget: str = MAIN_BUDGET                                # presets.<p>.budgets.<budget>, else the main one
-    seed: int | None = None                                  # None: the preset's pretrain.seed
+    settings: dict[str, Any] = field(default_factory=dict)  # overrides of methods.<method>
+    model: dict[str, Any] = field(default_factory=dict)  # overrides of the preset's model
+    reads: str = DEFAULT_READS  # another run's output this run needs
+    budget: str = MAIN_BUDGET  # presets.<p>.budgets.<budget>, else the main one
+    seed: int | None = None  # None: the preset's pretrain.seed
     description: str = ""
 
     def check(self, where: str) -> None:
@@ -52,7 +60,7 @@ class ResolvedRun:
     name: str
     spec: RunSpec
     preset: str
-    settings: Any                 # the method's Settings dataclass
+    settings: Any  # the method's Settings dataclass
     model: EncoderConfig
     generators: GeneratorSizes
     pretrain: PretrainConfig
@@ -73,10 +81,17 @@ class ResolvedRun:
         """Everything that defines the run's training, as a nested plain dict (MLflow params, the resume
         fingerprint). Not its tables: they label it (an MLflow tag) and change when a row is added to any
         table, which must neither retrain it nor stop an interrupted run from resuming."""
-        return {"run": self.name, "method": self.method, "preset": self.preset, "seed": self.seed,
-                "budget": self.spec.budget, "settings": to_dict(self.settings),
-                "model": to_dict(self.model), "generators": to_dict(self.generators),
-                "pretrain": to_dict(self.pretrain)}
+        return {
+            "run": self.name,
+            "method": self.method,
+            "preset": self.preset,
+            "seed": self.seed,
+            "budget": self.spec.budget,
+            "settings": to_dict(self.settings),
+            "model": to_dict(self.model),
+            "generators": to_dict(self.generators),
+            "pretrain": to_dict(self.pretrain),
+        }
 
 
 def producer_of(reads: str) -> str | None:
@@ -91,9 +106,11 @@ def producer_of(reads: str) -> str | None:
 
 def _run_spec(params: Params, name: str) -> RunSpec:
     where, value = f"runs.{name}", params.runs[name]
-    if isinstance(value, dict) and "tables" in value:   # the key runs had before the table registry
-        raise ConfigError(f"{where}.tables: a run's tables are the ones that name it in "
-                          f"src/electralab/tables.py; remove the key and add the run's row there")
+    if isinstance(value, dict) and "tables" in value:  # the key runs had before the table registry
+        raise ConfigError(
+            f"{where}.tables: a run's tables are the ones that name it in "
+            f"src/electralab/tables.py; remove the key and add the run's row there"
+        )
     return build(RunSpec, value, where)
 
 
@@ -122,8 +139,10 @@ def resolve_run(params: Params, name: str) -> ResolvedRun:
     preset = params.active
     model = build(EncoderConfig, deep_merge(to_dict(preset.model), spec.model), f"{where}.model")
     known = {MAIN_BUDGET} | {b for p in params.presets.values() for b in p.budgets}
-    if spec.budget not in known:   # a typo would silently train at the main budget
-        raise ConfigError(f"{where}.budget={spec.budget!r} is not a budget of any preset; known: {', '.join(sorted(known))}")
+    if spec.budget not in known:  # a typo would silently train at the main budget
+        raise ConfigError(
+            f"{where}.budget={spec.budget!r} is not a budget of any preset; known: {', '.join(sorted(known))}"
+        )
     pretrain = preset.pretrain_for(spec.budget, f"presets.{params.preset}")
     return ResolvedRun(name, spec, params.preset, settings, model, preset.generators, pretrain)
 
@@ -135,14 +154,18 @@ def resolve_all(params: Params) -> dict[str, ResolvedRun]:
         reads = run.spec.reads
         if reads != DEFAULT_READS:
             if producer_of(reads) not in runs or producer_of(reads) == name:
-                raise ConfigError(f"runs.{name}.reads={reads!r} is not the output of a run in the registry "
-                                  f"(use models/<run>[/...] or metrics/pretrain/<run>.json)")
-    for name in runs:   # a run must not need its own output, through other runs either
+                raise ConfigError(
+                    f"runs.{name}.reads={reads!r} is not the output of a run in the registry "
+                    f"(use models/<run>[/...] or metrics/pretrain/<run>.json)"
+                )
+    for name in runs:  # a run must not need its own output, through other runs either
         chain = [name]
         while (producer := producer_of(runs[chain[-1]].spec.reads)) in runs:
             if producer in chain:
-                raise ConfigError(f"runs.{name}.reads: the runs read each other's output in a cycle "
-                                  f"({' -> '.join([*chain[chain.index(producer):], producer])}); no order can train them")
+                raise ConfigError(
+                    f"runs.{name}.reads: the runs read each other's output in a cycle "
+                    f"({' -> '.join([*chain[chain.index(producer) :], producer])}); no order can train them"
+                )
             chain.append(producer)
     return runs
 
@@ -172,5 +195,15 @@ def with_producers(specs: dict[str, RunSpec], names: list[str]) -> list[str]:
     return ordered
 
 
-__all__ = ["TABLES", "RunSpec", "ResolvedRun", "producer_of", "resolve_run", "resolve_all", "run_specs",
-           "runs_for_tables", "with_producers", "check_run"]
+__all__ = [
+    "TABLES",
+    "RunSpec",
+    "ResolvedRun",
+    "producer_of",
+    "resolve_run",
+    "resolve_all",
+    "run_specs",
+    "runs_for_tables",
+    "with_producers",
+    "check_run",
+]

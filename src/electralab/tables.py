@@ -37,16 +37,16 @@ GLUE_AVG = "glue_avg"
 
 @dataclass(frozen=True)
 class Column:
-    name: str            # as in published.csv ("MNLI-m", "SQuAD 2.0 EM", ...)
-    task: str | None     # the fine-tuning task (docs/tracking.md); None: computed from the others
-    metric: str          # "accuracy", "accuracy_mm", "mcc", "spearman", "exact", "f1", or GLUE_AVG
+    name: str  # as in published.csv ("MNLI-m", "SQuAD 2.0 EM", ...)
+    task: str | None  # the fine-tuning task (docs/tracking.md); None: computed from the others
+    metric: str  # "accuracy", "accuracy_mm", "mcc", "spearman", "exact", "f1", or GLUE_AVG
 
 
 @dataclass(frozen=True)
 class Row:
-    published: str | None   # the paper's row name in this setting; None: the paper has no such row
-    run: str | None         # our run (params.yaml `runs:`); None: reference only
-    label: str | None = None   # shown name when `published` is None
+    published: str | None  # the paper's row name in this setting; None: the paper has no such row
+    run: str | None  # our run (params.yaml `runs:`); None: reference only
+    label: str | None = None  # shown name when `published` is None
 
     @property
     def name(self) -> str:
@@ -55,12 +55,12 @@ class Row:
 
 @dataclass(frozen=True)
 class TableSpec:
-    key: str                                 # "coco-lm/table3": the runs' `tables` tag
-    caption: str                             # the paper's caption, shortened
+    key: str  # "coco-lm/table3": the runs' `tables` tag
+    caption: str  # the paper's caption, shortened
     columns: tuple[Column, ...]
-    rows: Mapping[str, tuple[Row, ...]]      # published setting -> rows in the paper's order
-    setting_for: Mapping[str, str]           # preset -> the published setting we compare with
-    differences_from: str | None = None      # a row name: other rows shown as differences from it (AMOS Table 2)
+    rows: Mapping[str, tuple[Row, ...]]  # published setting -> rows in the paper's order
+    setting_for: Mapping[str, str]  # preset -> the published setting we compare with
+    differences_from: str | None = None  # a row name: other rows shown as differences from it (AMOS Table 2)
     # The claims checked (report/claims.py): the paper's method (a run) against every other row we
     # train, these extra (better, worse) run pairs, and every pretrained row against the control.
     subject: str = ""
@@ -76,7 +76,7 @@ class TableSpec:
 
     @property
     def name(self) -> str:
-        """"COCO-LM Table 3"."""
+        """ "COCO-LM Table 3"."""
         return f"{PAPER_TITLES[self.paper]} Table {self.table.removeprefix('table')}"
 
     def runs(self) -> list[str]:
@@ -96,7 +96,8 @@ def _all(setting: str) -> dict[str, str]:
 MNLI_M = Column("MNLI-m", "mnli", "accuracy")
 MNLI_MM = Column("MNLI-mm", "mnli", "accuracy_mm")
 GLUE_TASKS = (
-    MNLI_M, MNLI_MM,
+    MNLI_M,
+    MNLI_MM,
     Column("QQP", "qqp", "accuracy"),
     Column("QNLI", "qnli", "accuracy"),
     Column("SST-2", "sst2", "accuracy"),
@@ -139,14 +140,39 @@ COCO_LM_TABLE1 = TableSpec(
     columns=(*GLUE_TASKS, AVG, *SQUAD2),
     setting_for={**_all("base"), "base_pp": "base++", "large_pp": "large++"},
     rows={
-        "base": (ref("BERT [11]"), ref("RoBERTa [31]"), ref("XLNet [62]"), ref("ELECTRA [7]"), ref("MC-BERT [61]"),
-                 ref("DeBERTa [23]"), ref("TUPE [26]"),
-                 Row("RoBERTa (Ours)", "mlm"), Row("ELECTRA (Ours)", "electra"), Row("COCO-LM", "cocolm")),
-        "base++": (ref("XLNet [62]"), ref("RoBERTa [31]"), ref("UniLM V2 [1]"), ref("DeBERTa [23]"), ref("CLEAR [59]"),
-                   ours("mlm", "RoBERTa (Ours)"), ours("electra", "ELECTRA (Ours)"), Row("COCO-LM", "cocolm")),
-        "large++": (ref("XLNet [62]"), ref("RoBERTa [31]"), ref("ELECTRA [7]"), ref("DeBERTa [23]"),
-                    Row("COCO-LM", "cocolm"), ref("Megatron 1.3B [49]"), ref("Megatron 3.9B [49]"),
-                    ours("mlm", "RoBERTa (Ours)"), ours("electra", "ELECTRA (Ours)")),
+        "base": (
+            ref("BERT [11]"),
+            ref("RoBERTa [31]"),
+            ref("XLNet [62]"),
+            ref("ELECTRA [7]"),
+            ref("MC-BERT [61]"),
+            ref("DeBERTa [23]"),
+            ref("TUPE [26]"),
+            Row("RoBERTa (Ours)", "mlm"),
+            Row("ELECTRA (Ours)", "electra"),
+            Row("COCO-LM", "cocolm"),
+        ),
+        "base++": (
+            ref("XLNet [62]"),
+            ref("RoBERTa [31]"),
+            ref("UniLM V2 [1]"),
+            ref("DeBERTa [23]"),
+            ref("CLEAR [59]"),
+            ours("mlm", "RoBERTa (Ours)"),
+            ours("electra", "ELECTRA (Ours)"),
+            Row("COCO-LM", "cocolm"),
+        ),
+        "large++": (
+            ref("XLNet [62]"),
+            ref("RoBERTa [31]"),
+            ref("ELECTRA [7]"),
+            ref("DeBERTa [23]"),
+            Row("COCO-LM", "cocolm"),
+            ref("Megatron 1.3B [49]"),
+            ref("Megatron 3.9B [49]"),
+            ours("mlm", "RoBERTa (Ours)"),
+            ours("electra", "ELECTRA (Ours)"),
+        ),
     },
 )
 
@@ -156,19 +182,21 @@ COCO_LM_TABLE3 = TableSpec(
     caption="Ablations on GLUE Dev. that eliminate (w/o.), keep (Only) or switch (w.) one component",
     columns=(*GLUE_TASKS, AVG),
     setting_for=_all("base"),
-    rows={"base": (
-        Row("COCO-LM Base", "cocolm_ablation"),
-        Row("RTD Only", "cocolm_rtd_only"),
-        Row("CLM Only", "cocolm_clm_only"),
-        Row("SCL + RTD", "cocolm_scl_rtd"),
-        Row("w/o. Rel-Pos", "cocolm_no_relpos"),
-        Row("w. ELECTRA's Auxiliary", "cocolm_electra_aux"),
-        Row("w. Random Replacements", "cocolm_random_replace"),
-        Row("w. Converged Auxiliary", "cocolm_converged_aux"),
-        Row("All-Token LM Only", "cocolm_all_token_lm"),
-        Row("CLM w/o. Copy", "cocolm_no_copy"),
-        Row("CLM w/o. Stop-grad", "cocolm_no_stopgrad"),
-    )},
+    rows={
+        "base": (
+            Row("COCO-LM Base", "cocolm_ablation"),
+            Row("RTD Only", "cocolm_rtd_only"),
+            Row("CLM Only", "cocolm_clm_only"),
+            Row("SCL + RTD", "cocolm_scl_rtd"),
+            Row("w/o. Rel-Pos", "cocolm_no_relpos"),
+            Row("w. ELECTRA's Auxiliary", "cocolm_electra_aux"),
+            Row("w. Random Replacements", "cocolm_random_replace"),
+            Row("w. Converged Auxiliary", "cocolm_converged_aux"),
+            Row("All-Token LM Only", "cocolm_all_token_lm"),
+            Row("CLM w/o. Copy", "cocolm_no_copy"),
+            Row("CLM w/o. Stop-grad", "cocolm_no_stopgrad"),
+        )
+    },
 )
 
 AMOS_TABLE1 = TableSpec(
@@ -181,14 +209,29 @@ AMOS_TABLE1 = TableSpec(
     setting_for={**_all("base"), "base_pp": "base++", "large_pp": "base++"},
     rows={
         # The RoBERTa and ELECTRA rows print the numbers of COCO-LM's RoBERTa (Ours) / ELECTRA (Ours).
-        "base": (ref("BERT (Devlin et al., 2019)"), Row("RoBERTa (Liu et al., 2019)", "mlm"),
-                 ref("XLNet (Yang et al., 2019)"), ref("DeBERTa (He et al., 2021)"), ref("TUPE (Ke et al., 2020)"),
-                 Row("ELECTRA (Clark et al., 2020)", "electra"), ref("+HP Loss +Focal (Hao et al., 2021)"),
-                 ref("MC-BERT (Xu et al., 2020)"), Row("COCO-LM (Meng et al., 2021)", "cocolm"), Row("AMOS", "amos")),
-        "base++": (ref("XLNet (Yang et al., 2019)"), ref("RoBERTa (Liu et al., 2019)"),
-                   ref("UniLM V2 (Bao et al., 2020)"), ref("DeBERTa (He et al., 2021)"), ref("CLEAR (Wu et al., 2020)"),
-                   ours("mlm", "RoBERTa (Ours)"), ours("electra", "ELECTRA (Ours)"),
-                   Row("COCO-LM (Meng et al., 2021)", "cocolm"), Row("AMOS", "amos")),
+        "base": (
+            ref("BERT (Devlin et al., 2019)"),
+            Row("RoBERTa (Liu et al., 2019)", "mlm"),
+            ref("XLNet (Yang et al., 2019)"),
+            ref("DeBERTa (He et al., 2021)"),
+            ref("TUPE (Ke et al., 2020)"),
+            Row("ELECTRA (Clark et al., 2020)", "electra"),
+            ref("+HP Loss +Focal (Hao et al., 2021)"),
+            ref("MC-BERT (Xu et al., 2020)"),
+            Row("COCO-LM (Meng et al., 2021)", "cocolm"),
+            Row("AMOS", "amos"),
+        ),
+        "base++": (
+            ref("XLNet (Yang et al., 2019)"),
+            ref("RoBERTa (Liu et al., 2019)"),
+            ref("UniLM V2 (Bao et al., 2020)"),
+            ref("DeBERTa (He et al., 2021)"),
+            ref("CLEAR (Wu et al., 2020)"),
+            ours("mlm", "RoBERTa (Ours)"),
+            ours("electra", "ELECTRA (Ours)"),
+            Row("COCO-LM (Meng et al., 2021)", "cocolm"),
+            Row("AMOS", "amos"),
+        ),
     },
 )
 
@@ -198,10 +241,10 @@ _AMOS_ABLATIONS = (
     ("w. layer switch", "amos_layer_switch"),
     ("- adv. train", "amos_no_adv"),
     ("+ adv. MLM", "amos_adv_mlm"),
-    ("w. final mix weights", "amos_final_mix"),          # Table 8 only
+    ("w. final mix weights", "amos_final_mix"),  # Table 8 only
     ("- stop grad.", "amos_no_stopgrad"),
     ("w. separate MLM gen.", "amos_separate_gen"),
-    ("w. three 4-layer gen.", "amos_three_4layer"),      # Table 8 only
+    ("w. three 4-layer gen.", "amos_three_4layer"),  # Table 8 only
     ("4-layer gen.", "amos_gen4"),
     ("6-layer gen.", "amos_gen6"),
     ("8-layer gen.", "amos_gen8"),
@@ -234,14 +277,20 @@ AMOS_TABLE9 = TableSpec(
     caption="Different numbers of MLM heads in the generator (median and std of five seeds)",
     columns=(*GLUE_TASKS, *SQUAD2),
     setting_for=_all("base"),
-    rows={"base": (Row("On (4,6,8) (AMOS)", "amos_ablation"), Row("On (4,8)", "amos_exits_4_8"),
-                   Row("On (2,4,6,8)", "amos_exits_2_4_6_8"), Row("On all 8", "amos_exits_all8"))},
+    rows={
+        "base": (
+            Row("On (4,6,8) (AMOS)", "amos_ablation"),
+            Row("On (4,8)", "amos_exits_4_8"),
+            Row("On (2,4,6,8)", "amos_exits_2_4_6_8"),
+            Row("On all 8", "amos_exits_all8"),
+        )
+    },
 )
 
 
 def _teams_table1_rows(size: str, public_checkpoint: bool) -> tuple[Row, ...]:
     rows = [Row(f"BERT-{size}", "mlm"), Row(f"ELECTRA-{size} (Our reimplementation)", "electra")]
-    if public_checkpoint:   # ELECTRA released Small++, Base++ and Large checkpoints only
+    if public_checkpoint:  # ELECTRA released Small++, Base++ and Large checkpoints only
         rows.append(ref(f"ELECTRA-{size} (Public checkpoint re-evaluate)"))
     return (*rows, Row(f"TEAMS-{size}", "teams"))
 
@@ -254,9 +303,13 @@ TEAMS_TABLE1 = TableSpec(
     columns=TEAMS_COLUMNS,
     # The small preset is TEAMS-Small's main model (12 x 256); tiny is compared with it too.
     setting_for={"tiny": "small", "small": "small", "base": "base", "base_pp": "base++", "large_pp": "large"},
-    rows={"small": _teams_table1_rows("Small", False), "small++": _teams_table1_rows("Small++", True),
-          "base": _teams_table1_rows("Base", False), "base++": _teams_table1_rows("Base++", True),
-          "large": _teams_table1_rows("Large", True)},
+    rows={
+        "small": _teams_table1_rows("Small", False),
+        "small++": _teams_table1_rows("Small++", True),
+        "base": _teams_table1_rows("Base", False),
+        "base++": _teams_table1_rows("Base++", True),
+        "large": _teams_table1_rows("Large", True),
+    },
 )
 
 TEAMS_TABLE2 = TableSpec(
@@ -266,8 +319,14 @@ TEAMS_TABLE2 = TableSpec(
     caption="Effectiveness of multi-task pre-training (small++ models in the paper)",
     columns=TEAMS_COLUMNS,
     setting_for=_all("small++"),
-    rows={"small++": (Row("Only MLM (i.e., BERT)", "mlm_ablation"), Row("Only RTD (i.e., ELECTRA)", "electra_ablation"),
-                      Row("Only MWS", "teams_only_mws"), Row("RTD + MWS (i.e., TEAMS)", "teams_ablation"))},
+    rows={
+        "small++": (
+            Row("Only MLM (i.e., BERT)", "mlm_ablation"),
+            Row("Only RTD (i.e., ELECTRA)", "electra_ablation"),
+            Row("Only MWS", "teams_only_mws"),
+            Row("RTD + MWS (i.e., TEAMS)", "teams_ablation"),
+        )
+    },
 )
 
 TEAMS_TABLE3 = TableSpec(
@@ -276,9 +335,15 @@ TEAMS_TABLE3 = TableSpec(
     caption="Task-specific layers and exported representations (small++ models in the paper)",
     columns=TEAMS_COLUMNS,
     setting_for=_all("small++"),
-    rows={"small++": (Row("ELECTRA-Small++", "electra_ablation"), Row("TEAMS-Small++", "teams_ablation"),
-                      Row("Use FFN task heads", "teams_ffn_heads"), Row("Add task head on 12th layer", "teams_heads_on_top"),
-                      Row("Use RTD task head outputs", "teams_rtd_outputs"))},
+    rows={
+        "small++": (
+            Row("ELECTRA-Small++", "electra_ablation"),
+            Row("TEAMS-Small++", "teams_ablation"),
+            Row("Use FFN task heads", "teams_ffn_heads"),
+            Row("Add task head on 12th layer", "teams_heads_on_top"),
+            Row("Use RTD task head outputs", "teams_rtd_outputs"),
+        )
+    },
 )
 
 TEAMS_TABLE4 = TableSpec(
@@ -287,24 +352,35 @@ TEAMS_TABLE4 = TableSpec(
     caption="Sharing generator and discriminator bottom layers (small++ and base++ models in the paper)",
     columns=TEAMS_COLUMNS,
     setting_for={"tiny": "small++", "small": "small++", "base": "base++", "base_pp": "base++", "large_pp": "base++"},
-    rows={"small++": (Row("ELECTRA-Small++", "electra_ablation"), Row("TEAMS-Small++", "teams_ablation"),
-                      Row("Full Tie", "teams_full_tie"), Row("No Tie", "teams_no_tie")),
-          "base++": (Row("ELECTRA-Base++", "electra_ablation"), Row("TEAMS-Base++", "teams_ablation"),
-                     ours("teams_full_tie", "Full Tie"), Row("No Tie", "teams_no_tie"))},
+    rows={
+        "small++": (
+            Row("ELECTRA-Small++", "electra_ablation"),
+            Row("TEAMS-Small++", "teams_ablation"),
+            Row("Full Tie", "teams_full_tie"),
+            Row("No Tie", "teams_no_tie"),
+        ),
+        "base++": (
+            Row("ELECTRA-Base++", "electra_ablation"),
+            Row("TEAMS-Base++", "teams_ablation"),
+            ours("teams_full_tie", "Full Tie"),
+            Row("No Tie", "teams_no_tie"),
+        ),
+    },
 )
 
 
 # --- the figures -----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class FigureSpec:
-    key: str                                   # "coco-lm/fig4": the runs' `tables` tag, like a table's key
-    series: Mapping[str, Mapping[str, Any]]    # series -> {run: the x value it stands for, or its label}
-    subject: str | None = None                 # the paper's method, drawn as a curve against the series
-    reference: str | None = None               # a run drawn as a reference line
+    key: str  # "coco-lm/fig4": the runs' `tables` tag, like a table's key
+    series: Mapping[str, Mapping[str, Any]]  # series -> {run: the x value it stands for, or its label}
+    subject: str | None = None  # the paper's method, drawn as a curve against the series
+    reference: str | None = None  # a run drawn as a reference line
     # What the figure's runs are fine-tuned on besides the main grid (electralab.finetune.protocol):
-    efficiency: bool = False   # finetune.efficiency_tasks on each pretraining fraction checkpoint
-    few_shot: bool = False     # finetune.few_shot_tasks on each of finetune.few_shot_fractions of the labels
+    efficiency: bool = False  # finetune.efficiency_tasks on each pretraining fraction checkpoint
+    few_shot: bool = False  # finetune.few_shot_tasks on each of finetune.few_shot_fractions of the labels
 
     @property
     def paper(self) -> str:
@@ -316,80 +392,123 @@ class FigureSpec:
         return list(dict.fromkeys(run for run in named if run))
 
 
-COCO_LM_FIG3 = FigureSpec(   # MNLI dev accuracy against pretraining hours; the baselines' end points marked
+COCO_LM_FIG3 = FigureSpec(  # MNLI dev accuracy against pretraining hours; the baselines' end points marked
     key="coco-lm/fig3",
     subject="cocolm",
     series={"end points": {"mlm": "RoBERTa (Ours)", "electra": "ELECTRA (Ours)"}},
     efficiency=True,
 )
 
-COCO_LM_FIG4 = FigureSpec(   # GLUE dev results against the crop fraction (% of X^orig kept; 100: no cropping)
+COCO_LM_FIG4 = FigureSpec(  # GLUE dev results against the crop fraction (% of X^orig kept; 100: no cropping)
     key="coco-lm/fig4",
-    series={"COCO-LM": {"cocolm_crop70": 70, "cocolm_crop80": 80, "cocolm_ablation": 90,
-                        "cocolm_crop100": 100}},
+    series={"COCO-LM": {"cocolm_crop70": 70, "cocolm_crop80": 80, "cocolm_ablation": 90, "cocolm_crop100": 100}},
 )
 
-COCO_LM_FIG7 = FigureSpec(   # (a, b) [CLS] cosine of SCL pairs, a panel per run; (c, d) few-shot MNLI
+COCO_LM_FIG7 = FigureSpec(  # (a, b) [CLS] cosine of SCL pairs, a panel per run; (c, d) few-shot MNLI
     key="coco-lm/fig7",
     series={"SCL": {"cocolm_ablation": "(a) with SCL", "cocolm_clm_only": "(b) without SCL"}},
     few_shot=True,
 )
 
-COCO_LM_FIG8 = FigureSpec(   # copy and LM accuracy on replaced and original tokens
+COCO_LM_FIG8 = FigureSpec(  # copy and LM accuracy on replaced and original tokens
     key="coco-lm/fig8",
     series={"LM": {"cocolm_ablation": "CLM", "cocolm_all_token_lm": "All-Token MLM"}},
 )
 
-AMOS_FIG3 = FigureSpec(      # (a) the mixture weight of each exit; (b) RTD accuracy on replaced tokens
+AMOS_FIG3 = FigureSpec(  # (a) the mixture weight of each exit; (b) RTD accuracy on replaced tokens
     key="amos/fig3",
-    series={"mixture": {"amos_ablation": "(a) mixture weights"},
-            "curriculum": {"amos_ablation": "AMOS", "amos_gen4": "4-layer gen.", "amos_gen8": "8-layer gen.",
-                           "amos_random_layer": "Random Layer", "amos_layer_switch": "Layer Switch"}},
+    series={
+        "mixture": {"amos_ablation": "(a) mixture weights"},
+        "curriculum": {
+            "amos_ablation": "AMOS",
+            "amos_gen4": "4-layer gen.",
+            "amos_gen8": "8-layer gen.",
+            "amos_random_layer": "Random Layer",
+            "amos_layer_switch": "Layer Switch",
+        },
+    },
 )
 
-AMOS_FIG4 = FigureSpec(      # MNLI dev accuracy against pretraining hours; the baselines' end points marked
+AMOS_FIG4 = FigureSpec(  # MNLI dev accuracy against pretraining hours; the baselines' end points marked
     key="amos/fig4",
     subject="amos",
     series={"end points": {"cocolm": "COCO-LM", "electra": "ELECTRA", "mlm": "RoBERTa"}},
     efficiency=True,
 )
 
-TEAMS_FIG4 = FigureSpec(     # results against the number of generator layers (6 is TEAMS; bottom half tied)
+TEAMS_FIG4 = FigureSpec(  # results against the number of generator layers (6 is TEAMS; bottom half tied)
     key="teams/fig4",
-    series={"TEAMS": {"teams_gen2": 2, "teams_gen4": 4, "teams_ablation": 6, "teams_gen8": 8,
-                      "teams_gen10": 10, "teams_gen12": 12}},
+    series={
+        "TEAMS": {
+            "teams_gen2": 2,
+            "teams_gen4": 4,
+            "teams_ablation": 6,
+            "teams_gen8": 8,
+            "teams_gen10": 10,
+            "teams_gen12": 12,
+        }
+    },
 )
 
-TEAMS_FIG5 = FigureSpec(     # "sampled" vs "hardest" negatives against K; ELECTRA as a reference line
+TEAMS_FIG5 = FigureSpec(  # "sampled" vs "hardest" negatives against K; ELECTRA as a reference line
     key="teams/fig5",
-    series={"Sampled": {"teams_sampled_k1": 1, "teams_sampled_k3": 3, "teams_ablation": 5,
-                        "teams_sampled_k10": 10, "teams_sampled_k50": 50},
-            "Hardest": {"teams_hardest_k1": 1, "teams_hardest_k3": 3, "teams_hardest_k5": 5,
-                        "teams_hardest_k10": 10, "teams_hardest_k50": 50}},
+    series={
+        "Sampled": {
+            "teams_sampled_k1": 1,
+            "teams_sampled_k3": 3,
+            "teams_ablation": 5,
+            "teams_sampled_k10": 10,
+            "teams_sampled_k50": 50,
+        },
+        "Hardest": {
+            "teams_hardest_k1": 1,
+            "teams_hardest_k3": 3,
+            "teams_hardest_k5": 5,
+            "teams_hardest_k10": 10,
+            "teams_hardest_k50": 50,
+        },
+    },
     reference="electra_ablation",
 )
 
 
 # --- the registry ----------------------------------------------------------------------------------
 
+
 def with_control(spec: TableSpec) -> TableSpec:
     return dataclasses.replace(spec, rows={setting: (*rows, CONTROL_ROW) for setting, rows in spec.rows.items()})
 
 
-TABLES: dict[str, TableSpec] = {spec.key: with_control(spec) for spec in (
-    COCO_LM_TABLE1, COCO_LM_TABLE3, AMOS_TABLE1, AMOS_TABLE2, AMOS_TABLE8, AMOS_TABLE9,
-    TEAMS_TABLE1, TEAMS_TABLE2, TEAMS_TABLE3, TEAMS_TABLE4)}
+TABLES: dict[str, TableSpec] = {
+    spec.key: with_control(spec)
+    for spec in (
+        COCO_LM_TABLE1,
+        COCO_LM_TABLE3,
+        AMOS_TABLE1,
+        AMOS_TABLE2,
+        AMOS_TABLE8,
+        AMOS_TABLE9,
+        TEAMS_TABLE1,
+        TEAMS_TABLE2,
+        TEAMS_TABLE3,
+        TEAMS_TABLE4,
+    )
+}
 
-FIGURES: dict[str, FigureSpec] = {spec.key: spec for spec in (
-    COCO_LM_FIG3, COCO_LM_FIG4, COCO_LM_FIG7, COCO_LM_FIG8, AMOS_FIG3, AMOS_FIG4, TEAMS_FIG4, TEAMS_FIG5)}
+FIGURES: dict[str, FigureSpec] = {
+    spec.key: spec
+    for spec in (COCO_LM_FIG3, COCO_LM_FIG4, COCO_LM_FIG7, COCO_LM_FIG8, AMOS_FIG3, AMOS_FIG4, TEAMS_FIG4, TEAMS_FIG5)
+}
 
 # Every table and figure, paper by paper, its tables before its figures: the order of a run's `tables` tag.
 REGISTRY: dict[str, TableSpec | FigureSpec] = {
-    key: entry for paper in PAPER_TITLES for key, entry in (TABLES | FIGURES).items() if entry.paper == paper}
+    key: entry for paper in PAPER_TITLES for key, entry in (TABLES | FIGURES).items() if entry.paper == paper
+}
 
 
 # The functions below read REGISTRY when called (not a copy made at import), so that a test can put a run
 # into a figure with monkeypatch.setitem.
+
 
 def tables_of(run: str) -> tuple[str, ...]:
     """The tables and figures `run` is in, in REGISTRY order (its MLflow tag `tables`)."""
@@ -406,6 +525,23 @@ def in_few_shot_figure(run: str) -> bool:
     return any(isinstance(e, FigureSpec) and e.few_shot and run in e.runs() for e in REGISTRY.values())
 
 
-__all__ = ["AVG", "CONTROL_ROW", "CONTROL_RUN", "Column", "FIGURES", "FigureSpec", "GLUE_AVG",
-           "GLUE_AVG_PARTS", "GLUE_TASKS", "REGISTRY", "Row", "SQUAD1", "SQUAD2", "TABLES", "TableSpec",
-           "in_efficiency_figure", "in_few_shot_figure", "tables_of"]
+__all__ = [
+    "AVG",
+    "CONTROL_ROW",
+    "CONTROL_RUN",
+    "Column",
+    "FIGURES",
+    "FigureSpec",
+    "GLUE_AVG",
+    "GLUE_AVG_PARTS",
+    "GLUE_TASKS",
+    "REGISTRY",
+    "Row",
+    "SQUAD1",
+    "SQUAD2",
+    "TABLES",
+    "TableSpec",
+    "in_efficiency_figure",
+    "in_few_shot_figure",
+    "tables_of",
+]

@@ -40,20 +40,24 @@ def tracking_uri() -> str:
 def mlflow_installed() -> bool:
     try:
         return importlib.util.find_spec("mlflow") is not None
-    except (ImportError, ValueError):   # a broken or blocked install counts as none
+    except (ImportError, ValueError):  # a broken or blocked install counts as none
         return False
 
 
 def backend() -> str:
-    """"mlflow" or "file": $ELECTRALAB_TRACKING, else MLflow where it is installed (checked per call:
+    """ "mlflow" or "file": $ELECTRALAB_TRACKING, else MLflow where it is installed (checked per call:
     cheap, and a test may change the environment)."""
     chosen = os.environ.get(BACKEND_ENV, "").strip().lower()
     if chosen and chosen not in BACKENDS:
-        raise ConfigError(f"{BACKEND_ENV}={chosen!r}: choose one of {list(BACKENDS)}, or unset it (MLflow when "
-                          f"installed, else the run log)")
+        raise ConfigError(
+            f"{BACKEND_ENV}={chosen!r}: choose one of {list(BACKENDS)}, or unset it (MLflow when "
+            f"installed, else the run log)"
+        )
     if chosen == "mlflow" and not mlflow_installed():
-        raise ConfigError(f"{BACKEND_ENV}=mlflow but mlflow is not installed here; unset it to track to the run "
-                          f"log ({runlog_dir()}) and import that into MLflow later")
+        raise ConfigError(
+            f"{BACKEND_ENV}=mlflow but mlflow is not installed here; unset it to track to the run "
+            f"log ({runlog_dir()}) and import that into MLflow later"
+        )
     if chosen:
         return chosen
     if mlflow_installed():
@@ -64,8 +68,11 @@ def backend() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _say_file_once(where: str) -> None:
-    print(f"tracking: mlflow is not installed here; runs go to the run log {where} "
-          f"(import it into MLflow with electralab.runlog.import_runlog)", file=sys.stderr)
+    print(
+        f"tracking: mlflow is not installed here; runs go to the run log {where} "
+        f"(import it into MLflow with electralab.runlog.import_runlog)",
+        file=sys.stderr,
+    )
 
 
 def runlog_dir() -> Path:
@@ -120,8 +127,8 @@ def open_store(uri: str) -> None:
     db = Path(uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{db}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file is closed (or the process dies)
-        MlflowClient(uri).search_experiments(max_results=1)   # creates and migrates the schema
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed (or the process dies)
+        MlflowClient(uri).search_experiments(max_results=1)  # creates and migrates the schema
     _OPENED.add(uri)
 
 
@@ -167,17 +174,25 @@ def git_sha() -> str:
     if os.environ.get("ELECTRALAB_GIT_SHA"):
         return os.environ["ELECTRALAB_GIT_SHA"]
     try:
-        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
-                              timeout=10)
+        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return proc.stdout.strip() if proc.returncode == 0 else "unknown"   # "unknown": no commit yet
+    return proc.stdout.strip() if proc.returncode == 0 else "unknown"  # "unknown": no commit yet
 
 
-def run_tags(*, run: str, method: str, tables: Iterable[str], preset: str, seed: int, stage: str,
-             **extra: Any) -> dict[str, str]:
-    tags = {"run": run, "method": method, "tables": ",".join(tables), "preset": preset, "git_sha": git_sha(),
-            "dvc_exp": os.environ.get("DVC_EXP_NAME", ""), "seed": str(seed), "stage": stage}
+def run_tags(
+    *, run: str, method: str, tables: Iterable[str], preset: str, seed: int, stage: str, **extra: Any
+) -> dict[str, str]:
+    tags = {
+        "run": run,
+        "method": method,
+        "tables": ",".join(tables),
+        "preset": preset,
+        "git_sha": git_sha(),
+        "dvc_exp": os.environ.get("DVC_EXP_NAME", ""),
+        "seed": str(seed),
+        "stage": stage,
+    }
     tags.update({k: str(v) for k, v in extra.items()})
     return tags
 
@@ -205,15 +220,23 @@ def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if finite(v)}
 
 
-def start_run(*, preset: str, run_name: str, tags: dict[str, str], run_id: str | None = None,
-              nested: bool = False, system_metrics: bool = False):
+def start_run(
+    *,
+    preset: str,
+    run_name: str,
+    tags: dict[str, str],
+    run_id: str | None = None,
+    nested: bool = False,
+    system_metrics: bool = False,
+):
     """Start (or resume, given run_id) an MLflow run; use as a context manager."""
     mlflow = mlflow_module()
     experiment_id = ensure_experiment(preset)
     if run_id is not None:
         return mlflow.start_run(run_id=run_id, log_system_metrics=system_metrics)
-    return mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags, nested=nested,
-                            log_system_metrics=system_metrics)
+    return mlflow.start_run(
+        experiment_id=experiment_id, run_name=run_name, tags=tags, nested=nested, log_system_metrics=system_metrics
+    )
 
 
 def close_orphan(run_id: str, why: str) -> None:
@@ -223,7 +246,7 @@ def close_orphan(run_id: str, why: str) -> None:
     try:
         if store.get_run(run_id).info.status != "RUNNING":
             return
-    except Exception:   # not in this store (deleted, or another store)
+    except Exception:  # not in this store (deleted, or another store)
         return
     store.set_tag(run_id, "error", why)
     store.set_terminated(run_id, "KILLED")
@@ -235,7 +258,11 @@ def latest_finished_run(preset: str, run: str, stage: str) -> str | None:
     experiment = mlflow.get_experiment_by_name(experiment_name(preset))
     if experiment is None:
         return None
-    found = mlflow.search_runs([experiment.experiment_id], output_format="list", max_results=1,
-                               filter_string=f"tags.stage = '{stage}' and tags.run = '{run}' and "
-                                             f"attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"])
+    found = mlflow.search_runs(
+        [experiment.experiment_id],
+        output_format="list",
+        max_results=1,
+        filter_string=f"tags.stage = '{stage}' and tags.run = '{run}' and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+    )
     return found[0].info.run_id if found else None

@@ -16,7 +16,7 @@ from pathlib import Path
 from electralab.errors import DataError
 from electralab.io import read_json
 
-MANIFEST = "manifest.json"   # in which the corpus and shards stages describe their output (read_manifest)
+MANIFEST = "manifest.json"  # in which the corpus and shards stages describe their output (read_manifest)
 
 
 def read_manifest(path: str | Path, stage: str) -> dict:
@@ -26,10 +26,13 @@ def read_manifest(path: str | Path, stage: str) -> dict:
         raise DataError(f"{path}: no such file; run the {stage} stage first (dvc repro {stage})")
     try:
         manifest = read_json(path)
-    except ValueError as e:   # JSONDecodeError, UnicodeDecodeError: truncated or overwritten
-        raise DataError(f"{path}: not a readable manifest ({e}); run the {stage} stage again "
-                        f"(dvc repro -f {stage})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError: truncated or overwritten
+        raise DataError(
+            f"{path}: not a readable manifest ({e}); run the {stage} stage again (dvc repro -f {stage})"
+        ) from None
     if not isinstance(manifest, dict):
-        raise DataError(f"{path}: expected a JSON object, got {type(manifest).__name__}; run the {stage} stage "
-                        f"again (dvc repro -f {stage})")
+        raise DataError(
+            f"{path}: expected a JSON object, got {type(manifest).__name__}; run the {stage} stage "
+            f"again (dvc repro -f {stage})"
+        )
     return manifest

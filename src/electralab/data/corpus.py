@@ -37,12 +37,13 @@ from electralab.io import atomic_dir, sha256_file, write_json
 # small enough that a worker's memory stays bounded whatever the document lengths.
 ROW_GROUP_CHARS = 4_000_000
 
-Document = list[str]   # raw paragraphs of one document, in order
+Document = list[str]  # raw paragraphs of one document, in order
 
 
 # --------------------------------------------------------------------------------------------
 # Reading sources
 # --------------------------------------------------------------------------------------------
+
 
 def mirror_lines(path: Path) -> Iterator[str]:
     """Lines of a UTF-8 file; a byte sequence that is not UTF-8 stops with its line number."""
@@ -57,8 +58,10 @@ def mirror_lines(path: Path) -> Iterator[str]:
             try:
                 yield raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}: line {number} is not valid UTF-8 (byte {e.start} of the line: "
-                                f"{raw[e.start:e.start + 4]!r}); the mirror must hold UTF-8 text") from None
+                raise DataError(
+                    f"{path}: line {number} is not valid UTF-8 (byte {e.start} of the line: "
+                    f"{raw[e.start : e.start + 4]!r}); the mirror must hold UTF-8 text"
+                ) from None
 
 
 def paragraph_documents(lines: Iterable[str]) -> Iterator[Document]:
@@ -96,20 +99,24 @@ def wikitext_documents(lines: Iterable[str]) -> Iterator[Document]:
 
 def hub_documents(src: HubSource, where: str) -> Iterator[Document]:
     """Documents streamed from the Hugging Face hub (rows are documents, WikiText lines or sentences)."""
-    import datasets   # imported here: a second of start-up that the mirror path does not need
+    import datasets  # imported here: a second of start-up that the mirror path does not need
 
     try:
         ds = datasets.load_dataset(src.path, src.name, split=src.split, streaming=True)
     except Exception as e:  # network, missing dataset, gated dataset: all end here with the same advice
-        raise DataError(f"{where}: cannot open hub dataset {src.path!r} (name={src.name!r}, "
-                        f"split={src.split!r}): {type(e).__name__}: {e}. Offline? Set ELECTRALAB_DATA "
-                        f"to a local mirror (docs/data.md)") from None
+        raise DataError(
+            f"{where}: cannot open hub dataset {src.path!r} (name={src.name!r}, "
+            f"split={src.split!r}): {type(e).__name__}: {e}. Offline? Set ELECTRALAB_DATA "
+            f"to a local mirror (docs/data.md)"
+        ) from None
 
     def texts() -> Iterator[str]:
         for row in ds:
             if src.text_field not in row:
-                raise DataError(f"{where}.text_field={src.text_field!r}: hub dataset {src.path!r} has "
-                                f"no such column (columns: {', '.join(row)})")
+                raise DataError(
+                    f"{where}.text_field={src.text_field!r}: hub dataset {src.path!r} has "
+                    f"no such column (columns: {', '.join(row)})"
+                )
             yield row[src.text_field] or ""
 
     if src.format == "wikitext":
@@ -131,20 +138,25 @@ def hub_documents(src: HubSource, where: str) -> Iterator[Document]:
                 yield paragraphs
 
 
-def open_sources(cfg: CorpusConfig, root: Path | None, where: str
-                 ) -> tuple[list[tuple[str, Iterator[Document]]], int | None]:
+def open_sources(
+    cfg: CorpusConfig, root: Path | None, where: str
+) -> tuple[list[tuple[str, Iterator[Document]]], int | None]:
     """[(source name, documents)] and the total input bytes when known (mirror files), checked up front
     so that a missing file stops the stage before any work."""
     if root is None:
         if not cfg.hub:
-            raise DataError(f"{where}.hub is empty and ELECTRALAB_DATA is not set: name a hub dataset "
-                            f"or point ELECTRALAB_DATA at a local mirror")
-        return [(f"{s.path}:{s.name or ''}:{s.split}", hub_documents(s, f"{where}.hub[{i}]"))
-                for i, s in enumerate(cfg.hub)], None
+            raise DataError(
+                f"{where}.hub is empty and ELECTRALAB_DATA is not set: name a hub dataset "
+                f"or point ELECTRALAB_DATA at a local mirror"
+            )
+        return [
+            (f"{s.path}:{s.name or ''}:{s.split}", hub_documents(s, f"{where}.hub[{i}]")) for i, s in enumerate(cfg.hub)
+        ], None
     corpus_dir = root / "corpus"
     if not corpus_dir.is_dir():
-        raise DataError(f"{corpus_dir}: no such directory (ELECTRALAB_DATA={root} must hold corpus/*.txt, "
-                        f"see docs/data.md)")
+        raise DataError(
+            f"{corpus_dir}: no such directory (ELECTRALAB_DATA={root} must hold corpus/*.txt, see docs/data.md)"
+        )
     if not cfg.mirror:
         raise DataError(f"{where}.mirror is empty: name at least one file under {corpus_dir}")
     sources, total = [], 0
@@ -174,6 +186,7 @@ def interleave(sources: list[tuple[str, Iterator[Document]]]) -> Iterator[tuple[
 # --------------------------------------------------------------------------------------------
 # Writing Parquet parts
 # --------------------------------------------------------------------------------------------
+
 
 class _PartWriter:
     """Documents -> part-NNNNN.parquet files of `per_file` documents, in row groups of ~ROW_GROUP_CHARS."""
@@ -228,8 +241,8 @@ class _PartWriter:
 # The stage
 # --------------------------------------------------------------------------------------------
 
-def build_corpus(cfg: CorpusConfig, out_dir: str | Path, data_root: Path | None,
-                 where: str = "corpus") -> dict:
+
+def build_corpus(cfg: CorpusConfig, out_dir: str | Path, data_root: Path | None, where: str = "corpus") -> dict:
     """Read, normalise and write the corpus; returns the stats (also the DVC metrics).
 
     `data_root` is the local mirror ($ELECTRALAB_DATA) or None for the hub; `where` is the config key
@@ -262,18 +275,25 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, data_root: Path | None,
         parts = writer.close()
         if stats["documents"] == 0:
             raise DataError(f"{', '.join(per_source)}: no documents (empty, or only blank lines)")
-        write_json(tmp / MANIFEST, {
-            "format": "electralab.corpus/1",
-            "uncased": cfg.uncased,
-            **stats,
-            "sources": per_source,
-            "parts": parts,
-            "config": to_dict(cfg),
-        })
+        write_json(
+            tmp / MANIFEST,
+            {
+                "format": "electralab.corpus/1",
+                "uncased": cfg.uncased,
+                **stats,
+                "sources": per_source,
+                "parts": parts,
+                "config": to_dict(cfg),
+            },
+        )
     stats["seconds"] = round(time.perf_counter() - started, 3)
     stats["mb_per_s"] = round(stats["input_bytes"] / 1e6 / max(stats["seconds"], 1e-9), 2)
-    summary("corpus", f"{stats['documents']:,} documents, {stats['characters']:,} characters, "
-            f"{megabytes(stats['bytes'])} from {len(sources)} source(s) -> {out_dir}", started)
+    summary(
+        "corpus",
+        f"{stats['documents']:,} documents, {stats['characters']:,} characters, "
+        f"{megabytes(stats['bytes'])} from {len(sources)} source(s) -> {out_dir}",
+        started,
+    )
     return stats
 
 
@@ -281,8 +301,7 @@ def read_corpus_manifest(corpus_dir: str | Path) -> dict:
     return read_manifest(Path(corpus_dir) / MANIFEST, "corpus")
 
 
-def iter_documents(corpus_dir: str | Path, manifest: dict | None = None,
-                   batch_size: int = 1024) -> Iterator[str]:
+def iter_documents(corpus_dir: str | Path, manifest: dict | None = None, batch_size: int = 1024) -> Iterator[str]:
     """The corpus's documents (normalised text, paragraphs joined by "\\n") in order, streamed."""
     corpus_dir = Path(corpus_dir)
     manifest = manifest or read_corpus_manifest(corpus_dir)

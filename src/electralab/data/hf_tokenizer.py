@@ -34,7 +34,7 @@ from electralab.data.vocab import MODEL_FILE, TOKENIZER_FILE
 from electralab.io import write_json
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-SPACE = "\u2581"   # sentencepiece's "▁"
+SPACE = "\u2581"  # sentencepiece's "▁"
 
 
 def _char_class(codepoints: list[int]) -> str:
@@ -56,17 +56,24 @@ def normalizer(uncased: bool):
     """text.normalize as a `tokenizers` normalizer (see the module docstring)."""
     from tokenizers import Regex, normalizers
 
-    whitespace = [cp for cp in range(sys.maxunicode + 1) if chr(cp).isspace()]   # what str.split() splits on
+    whitespace = [cp for cp in range(sys.maxunicode + 1) if chr(cp).isspace()]  # what str.split() splits on
     drop = _categories("Cc", "Cf", *(["Mn"] if uncased else [])) + [0xFFFD]
     steps = [normalizers.Replace(Regex(_char_class(whitespace) + "+"), " "), normalizers.Strip()]
     if uncased:
         # Python's lower() turns a word-final capital sigma into "ς"; the per-character lowercase does not.
-        steps += [normalizers.Replace(Regex("(?<=[\\p{Ll}\\p{Lu}\\p{Lt}])\u03a3(?![\\p{Ll}\\p{Lu}\\p{Lt}])"), "\u03c2"),
-                  normalizers.Lowercase(), normalizers.NFD()]
+        steps += [
+            normalizers.Replace(Regex("(?<=[\\p{Ll}\\p{Lu}\\p{Lt}])\u03a3(?![\\p{Ll}\\p{Lu}\\p{Lt}])"), "\u03c2"),
+            normalizers.Lowercase(),
+            normalizers.NFD(),
+        ]
     else:
         steps.append(normalizers.NFC())
-    steps += [normalizers.Replace(Regex(_char_class(drop)), ""), normalizers.NFC(),
-              normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip()]
+    steps += [
+        normalizers.Replace(Regex(_char_class(drop)), ""),
+        normalizers.NFC(),
+        normalizers.Replace(Regex(" {2,}"), " "),
+        normalizers.Strip(),
+    ]
     return normalizers.Sequence(steps)
 
 
@@ -81,7 +88,7 @@ def model(model_file: Path):
         return Unigram([(p.piece, p.score) for p in proto.pieces], unk_id=UNK_ID, byte_fallback=False)
     vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
     normal = sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
-    merges = []   # (minus the score of the merged piece, left id, right id, left, right)
+    merges = []  # (minus the score of the merged piece, left id, right id, left, right)
     for piece in proto.pieces:
         if piece.type != normal:
             continue
@@ -91,8 +98,13 @@ def model(model_file: Path):
             if left in vocab and right in vocab:
                 merges.append((-piece.score, vocab[left], vocab[right], left, right))
     merges.sort()
-    return BPE(vocab=vocab, merges=[(left, right) for *_, left, right in merges], unk_token=SPECIAL_TOKENS[UNK_ID],
-               fuse_unk=True, byte_fallback=False)
+    return BPE(
+        vocab=vocab,
+        merges=[(left, right) for *_, left, right in merges],
+        unk_token=SPECIAL_TOKENS[UNK_ID],
+        fuse_unk=True,
+        byte_fallback=False,
+    )
 
 
 def build(vocab_dir: str | Path):
@@ -107,7 +119,8 @@ def build(vocab_dir: str | Path):
     tokenizer.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
     cls, sep = SPECIAL_TOKENS[CLS_ID], SPECIAL_TOKENS[SEP_ID]
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B {sep}", special_tokens=[(cls, CLS_ID), (sep, SEP_ID)])
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B {sep}", special_tokens=[(cls, CLS_ID), (sep, SEP_ID)]
+    )
     tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS])
     for i, token in enumerate(SPECIAL_TOKENS):
         assert tokenizer.token_to_id(token) == i, (token, tokenizer.token_to_id(token))
@@ -119,15 +132,25 @@ def save_hf_tokenizer(vocab_dir: str | Path, directory: str | Path, max_length: 
     directory = Path(directory)
     tokenizer, info = build(vocab_dir)
     tokenizer.save(str(directory / "tokenizer.json"))
-    special = {"pad_token": SPECIAL_TOKENS[PAD_ID], "unk_token": SPECIAL_TOKENS[UNK_ID],
-               "cls_token": SPECIAL_TOKENS[CLS_ID], "sep_token": SPECIAL_TOKENS[SEP_ID],
-               "mask_token": SPECIAL_TOKENS[MASK_ID]}
+    special = {
+        "pad_token": SPECIAL_TOKENS[PAD_ID],
+        "unk_token": SPECIAL_TOKENS[UNK_ID],
+        "cls_token": SPECIAL_TOKENS[CLS_ID],
+        "sep_token": SPECIAL_TOKENS[SEP_ID],
+        "mask_token": SPECIAL_TOKENS[MASK_ID],
+    }
     write_json(directory / "special_tokens_map.json", special)
-    write_json(directory / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", **special, "model_max_length": max_length,
-        "do_lower_case": bool(info["uncased"]), "clean_up_tokenization_spaces": False,
-        "model_input_names": ["input_ids", "attention_mask"],   # no segment ids: pretrained without them
-    })
+    write_json(
+        directory / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **special,
+            "model_max_length": max_length,
+            "do_lower_case": bool(info["uncased"]),
+            "clean_up_tokenization_spaces": False,
+            "model_input_names": ["input_ids", "attention_mask"],  # no segment ids: pretrained without them
+        },
+    )
 
 
 __all__ = ["HF_TOKENIZER_FILES", "build", "normalizer", "save_hf_tokenizer"]

@@ -35,16 +35,25 @@ import torch
 from electralab import PAD_ID
 from electralab.batch import Batch
 from electralab.config import MaskingConfig
-from electralab.errors import DataError
 from electralab.data.masking import derive_seed, mask_tokens
 from electralab.data.shards import read_shards_manifest, verify_shards
+from electralab.errors import DataError
 
-_MASK_STREAM = 0x6D61736B   # "mask": keeps mask seeds apart from the order's (seed, epoch) stream
+_MASK_STREAM = 0x6D61736B  # "mask": keeps mask seeds apart from the order's (seed, epoch) stream
 
 
 class PretrainLoader:
-    def __init__(self, shards_dir: str | Path, split: str = "train", micro_batch_size: int = 32, seed: int = 1,
-                 masking: MaskingConfig | None = None, rank: int = 0, world_size: int = 1, verify: bool = True):
+    def __init__(
+        self,
+        shards_dir: str | Path,
+        split: str = "train",
+        micro_batch_size: int = 32,
+        seed: int = 1,
+        masking: MaskingConfig | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        verify: bool = True,
+    ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} is not in [0, world_size={world_size})")
         if micro_batch_size < 1:
@@ -66,19 +75,26 @@ class PretrainLoader:
         def mmap(name: str, dt: np.dtype, width: int, blocks: int) -> np.memmap:
             return np.memmap(self.shards_dir / name, dt, mode="r", shape=(blocks, width))
 
-        self._blocks = [mmap(f["file"], dtype, self.seq_len, f["blocks"]) for f in files]   # [(n_i, T)]
+        self._blocks = [mmap(f["file"], dtype, self.seq_len, f["blocks"]) for f in files]  # [(n_i, T)]
         packed = (self.seq_len + 7) // 8
-        self._static = [[(mmap(c["ids"], dtype, self.seq_len, f["blocks"]), mmap(c["mask"], np.uint8, packed, f["blocks"]))
-                         for c in f.get("static", [])] for f in files]                 # [file][copy]
+        self._static = [
+            [
+                (mmap(c["ids"], dtype, self.seq_len, f["blocks"]), mmap(c["mask"], np.uint8, packed, f["blocks"]))
+                for c in f.get("static", [])
+            ]
+            for f in files
+        ]  # [file][copy]
         self.static_copies = self.manifest["static_masking"]["duplication"]
-        self._offsets = np.cumsum([0] + [f["blocks"] for f in files])                  # (files + 1,)
+        self._offsets = np.cumsum([0] + [f["blocks"] for f in files])  # (files + 1,)
         self.num_blocks = int(self._offsets[-1])
         self.samples_per_rank = self.num_blocks // world_size
         if split == "train" and self.samples_per_rank < micro_batch_size:
-            raise DataError(f"{self.shards_dir}: {self.num_blocks} {split} blocks cannot fill one micro-batch of "
-                            f"{micro_batch_size} on each of {world_size} rank(s)")
+            raise DataError(
+                f"{self.shards_dir}: {self.num_blocks} {split} blocks cannot fill one micro-batch of "
+                f"{micro_batch_size} on each of {world_size} rank(s)"
+            )
         self.epoch = 0
-        self.position = 0        # next sample of this rank within the epoch
+        self.position = 0  # next sample of this rank within the epoch
         self._order_cache: tuple[int, np.ndarray] | None = None
 
     # ---- order -------------------------------------------------------------------------------
@@ -93,7 +109,7 @@ class PretrainLoader:
         """(samples_per_rank,) global block indices this rank reads in `epoch`, in order."""
         if self._order_cache is None or self._order_cache[0] != epoch:
             order = np.random.default_rng([self.seed, epoch]).permutation(self.num_blocks)
-            self._order_cache = (epoch, order[self.rank::self.world_size][: self.samples_per_rank])
+            self._order_cache = (epoch, order[self.rank :: self.world_size][: self.samples_per_rank])
         return self._order_cache[1]
 
     # ---- iteration ---------------------------------------------------------------------------
@@ -107,16 +123,16 @@ class PretrainLoader:
             if pos + self.micro_batch_size > self.samples_per_rank:
                 self.epoch, self.position = epoch + 1, 0
                 continue
-            blocks = self._rank_order(epoch)[pos: pos + self.micro_batch_size]
+            blocks = self._rank_order(epoch)[pos : pos + self.micro_batch_size]
             # Global position of this rank's j-th sample in the epoch's order: j * world_size + rank.
             positions = np.arange(pos, pos + self.micro_batch_size) * self.world_size + self.rank
-            self.position = pos + self.micro_batch_size     # state_dict() now points at the next batch
+            self.position = pos + self.micro_batch_size  # state_dict() now points at the next batch
             yield self._batch(blocks, positions, epoch)
 
     def _validation_pass(self) -> Iterator[Batch]:
         blocks = np.arange(self.rank, self.num_blocks, self.world_size)
         for start in range(0, len(blocks), self.micro_batch_size):
-            chunk = blocks[start: start + self.micro_batch_size]
+            chunk = blocks[start : start + self.micro_batch_size]
             yield self._batch(chunk, chunk, epoch=0)
 
     def _batch(self, blocks: np.ndarray, positions: np.ndarray, epoch: int) -> Batch:
@@ -124,7 +140,7 @@ class PretrainLoader:
         local = blocks - self._offsets[files]
         rows = zip(files.tolist(), local.tolist())
         input_ids = torch.from_numpy(np.stack([self._blocks[f][i] for f, i in rows]).astype(np.int64))  # (B, T)
-        attention_mask = input_ids != PAD_ID                                                           # (B, T)
+        attention_mask = input_ids != PAD_ID  # (B, T)
         if self.static_copies:
             copy = epoch % self.static_copies
             pairs = [self._static[f][copy] for f in files.tolist()]
@@ -133,16 +149,24 @@ class PretrainLoader:
             masked_ids = torch.from_numpy(masked)
             mlm_mask = torch.from_numpy(np.unpackbits(packed, axis=1, count=self.seq_len).astype(bool))
         else:
-            generators = [torch.Generator().manual_seed(derive_seed(self.seed, _MASK_STREAM, epoch, int(p)))
-                          for p in positions]
+            generators = [
+                torch.Generator().manual_seed(derive_seed(self.seed, _MASK_STREAM, epoch, int(p))) for p in positions
+            ]
             masked_ids, mlm_mask = mask_tokens(input_ids, attention_mask, self.masking, self.vocab_size, generators)
         return Batch(input_ids=input_ids, attention_mask=attention_mask, masked_ids=masked_ids, mlm_mask=mlm_mask)
 
     # ---- resuming ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"split": self.split, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
-                "config_hash": self.manifest["config_hash"], "epoch": self.epoch, "position": self.position}
+        return {
+            "split": self.split,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "config_hash": self.manifest["config_hash"],
+            "epoch": self.epoch,
+            "position": self.position,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the exact sample where `state` was taken (micro_batch_size may differ)."""
@@ -151,6 +175,8 @@ class PretrainLoader:
             if state[key] != mine[key]:
                 raise ValueError(f"cannot resume: the state has {key}={state[key]!r}, this loader {mine[key]!r}")
         if not 0 <= state["position"] <= self.samples_per_rank:
-            raise ValueError(f"cannot resume: position={state['position']} is outside the epoch's "
-                             f"{self.samples_per_rank} samples per rank")
+            raise ValueError(
+                f"cannot resume: position={state['position']} is outside the epoch's "
+                f"{self.samples_per_rank} samples per rank"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

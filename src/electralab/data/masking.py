@@ -29,7 +29,7 @@ import torch
 from electralab import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS
 from electralab.config import MaskingConfig
 
-FIRST_REGULAR_ID = len(SPECIAL_TOKENS)   # 5: random replacements never produce a special token
+FIRST_REGULAR_ID = len(SPECIAL_TOKENS)  # 5: random replacements never produce a special token
 
 
 def derive_seed(*entropy: int) -> int:
@@ -44,16 +44,17 @@ def _uniform(shape: tuple[int, int], generator: torch.Generator | Sequence[torch
     return torch.stack([torch.rand(shape[1], generator=g) for g in generator])
 
 
-def _random_ids(shape: tuple[int, int], vocab_size: int,
-                generator: torch.Generator | Sequence[torch.Generator]) -> torch.Tensor:
+def _random_ids(
+    shape: tuple[int, int], vocab_size: int, generator: torch.Generator | Sequence[torch.Generator]
+) -> torch.Tensor:
     if isinstance(generator, torch.Generator):
         return torch.randint(FIRST_REGULAR_ID, vocab_size, shape, generator=generator)
-    return torch.stack([torch.randint(FIRST_REGULAR_ID, vocab_size, (shape[1],), generator=g)
-                        for g in generator])
+    return torch.stack([torch.randint(FIRST_REGULAR_ID, vocab_size, (shape[1],), generator=g) for g in generator])
 
 
-def eligible_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       mask_special_tokens: bool) -> torch.Tensor:
+def eligible_positions(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, mask_special_tokens: bool
+) -> torch.Tensor:
     """(B, T) bool: positions that may be selected for masking."""
     eligible = attention_mask & (input_ids != PAD_ID)
     if not mask_special_tokens:
@@ -61,8 +62,13 @@ def eligible_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return eligible
 
 
-def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: MaskingConfig, vocab_size: int,
-                generator: torch.Generator | Sequence[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    cfg: MaskingConfig,
+    vocab_size: int,
+    generator: torch.Generator | Sequence[torch.Generator],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (masked_ids (B, T) long, mlm_mask (B, T) bool); see the module docstring."""
     if vocab_size <= FIRST_REGULAR_ID:
         raise ValueError(f"vocab_size={vocab_size}: need regular tokens beyond the {FIRST_REGULAR_ID} special ids")
@@ -73,14 +79,14 @@ def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Mask
     eligible = eligible_positions(input_ids, attention_mask.bool(), cfg.mask_special_tokens)  # (B, T)
 
     # Exactly k = round(p * n) per row: rank eligible positions by a random score, take the k lowest.
-    n = eligible.sum(dim=1)                                                     # (B,)
+    n = eligible.sum(dim=1)  # (B,)
     k = torch.floor(cfg.mask_prob * n + 0.5).long()
     if cfg.mask_prob > 0:
         k = torch.where(n > 0, k.clamp(min=1), k)
-    scores = _uniform((B, T), generator).masked_fill(~eligible, 2.0)           # ineligible sort last
-    order = scores.argsort(dim=1)                                               # (B, T)
+    scores = _uniform((B, T), generator).masked_fill(~eligible, 2.0)  # ineligible sort last
+    order = scores.argsort(dim=1)  # (B, T)
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(T).expand(B, T))
-    mlm_mask = rank < k[:, None]                                                # (B, T)
+    mlm_mask = rank < k[:, None]  # (B, T)
 
     # Of the selected: [MASK] / random regular token / kept, by one uniform draw per position.
     u = _uniform((B, T), generator)

@@ -34,9 +34,9 @@ class PlainProgress(tqdm):
     def display(self, msg=None, pos=None):
         if msg == "":
             return True
-        closing = self.disable   # close() sets it first, then writes the last line's newline itself
+        closing = self.disable  # close() sets it first, then writes the last line's newline itself
         now = self._time()
-        if not closing:          # updates and set_postfix() both land here: one line per interval
+        if not closing:  # updates and set_postfix() both land here: one line per interval
             if now - getattr(self, "_last_line", self.start_t) < self.mininterval:
                 return True
             self._last_line = now
@@ -59,8 +59,9 @@ def progress_bar(*, file=None, disable: bool = False, **kwargs) -> tqdm:
 
 def byte_bar(desc: str, total: int | None = None) -> tqdm:
     """A bar over bytes of text: shows MB done, MB/s and the postfix set by the caller."""
-    return progress_bar(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1000, mininterval=0.5,
-                        dynamic_ncols=True)
+    return progress_bar(
+        total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1000, mininterval=0.5, dynamic_ncols=True
+    )
 
 
 def summary(stage: str, message: str, started: float) -> None:

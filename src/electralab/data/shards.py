@@ -72,6 +72,7 @@ def validation_documents(n_docs: int, fraction: float, seed: int) -> np.ndarray:
 # Tokenising (runs in the worker processes)
 # --------------------------------------------------------------------------------------------
 
+
 class WordCachedEncoder:
     """sentencepiece ids of whole documents, word by word through a cache; exactly sentencepiece's output.
 
@@ -95,12 +96,12 @@ class WordCachedEncoder:
 
     def _reset(self) -> None:
         self.words = pa.array([], pa.string())
-        self.starts = np.zeros(0, np.int32)    # int32: the cache is reset long before 2**31 ids
+        self.starts = np.zeros(0, np.int32)  # int32: the cache is reset long before 2**31 ids
         self.lengths = np.zeros(0, np.int32)
         self.store = np.zeros(0, np.int32)
 
     def _add(self, words: pa.Array) -> None:
-        encoded = self.sp.encode(words.to_pylist(), num_threads=1)   # parallelism: the worker processes
+        encoded = self.sp.encode(words.to_pylist(), num_threads=1)  # parallelism: the worker processes
         lengths = np.fromiter(map(len, encoded), np.int32, count=len(encoded))
         flat = np.fromiter(itertools.chain.from_iterable(encoded), np.int32, count=int(lengths.sum()))
         self.starts = np.concatenate([self.starts, len(self.store) + np.cumsum(lengths, dtype=np.int32) - lengths])
@@ -111,12 +112,12 @@ class WordCachedEncoder:
     def encode_documents(self, docs: pa.Array) -> np.ndarray:
         """Documents (Arrow strings, paragraphs joined by "\\n") -> (N,) int32 stream
         doc1 ids, [SEP], doc2 ids, [SEP], ..."""
-        per_doc = pc.split_pattern(pc.replace_substring(docs, "\n", " "), " ")   # list<word> per doc
-        words = pc.list_flatten(per_doc)                                         # (W,)
+        per_doc = pc.split_pattern(pc.replace_substring(docs, "\n", " "), " ")  # list<word> per doc
+        words = pc.list_flatten(per_doc)  # (W,)
         if len(self.words) > self.max_entries:
             self._reset()
-        found = pc.index_in(words, value_set=self.words)                         # (W,) null = new word
-        slots = pc.fill_null(found, -1).to_numpy(zero_copy_only=False, writable=True)   # (W,) int32
+        found = pc.index_in(words, value_set=self.words)  # (W,) null = new word
+        slots = pc.fill_null(found, -1).to_numpy(zero_copy_only=False, writable=True)  # (W,) int32
         if found.null_count:
             new = pc.is_null(found)
             new_words = words.filter(new)
@@ -125,10 +126,10 @@ class WordCachedEncoder:
             self._add(missing)
             # Look the new words up among themselves only: far cheaper than hashing all known words again.
             slots[new.to_numpy(zero_copy_only=False)] = first + pc.index_in(new_words, value_set=missing).to_numpy()
-        lengths = self.lengths[slots]                                            # (W,)
+        lengths = self.lengths[slots]  # (W,)
         # Gather: token j of word w sits at store[starts[w] + j] and goes to ids[word_start[w] + j].
         word_end = np.cumsum(lengths, dtype=np.int32)
-        shift = self.starts[slots] - (word_end - lengths)                        # (W,) store index - ids index
+        shift = self.starts[slots] - (word_end - lengths)  # (W,) store index - ids index
         ids = self.store[np.repeat(shift, lengths) + np.arange(int(lengths.sum()), dtype=np.int32)]
         # A [SEP] after each document's last token.
         words_per_doc = pc.list_value_length(per_doc).to_numpy(zero_copy_only=False)
@@ -171,12 +172,13 @@ def _row_groups(corpus_dir: Path, manifest: dict) -> list[tuple[str, int, int]]:
     return tasks
 
 
-def encode_corpus(corpus_dir: Path, manifest: dict, model_path: Path, validation: np.ndarray,
-                  workers: int) -> Iterator[tuple[np.ndarray, np.ndarray, int, int, int]]:
+def encode_corpus(
+    corpus_dir: Path, manifest: dict, model_path: Path, validation: np.ndarray, workers: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, int, int, int]]:
     """Encoded row groups in corpus order, from `workers` processes (in this process when 1)."""
     tasks = _row_groups(corpus_dir, manifest)
     init_args = (str(model_path), validation)
-    if workers == 1 or len(tasks) == 1:   # one process: no start-up cost for small corpora
+    if workers == 1 or len(tasks) == 1:  # one process: no start-up cost for small corpora
         _init_worker(*init_args)
         yield from map(_encode_row_group, tasks)
         return
@@ -191,6 +193,7 @@ def encode_corpus(corpus_dir: Path, manifest: dict, model_path: Path, validation
 # --------------------------------------------------------------------------------------------
 # Packing and writing (main process)
 # --------------------------------------------------------------------------------------------
+
 
 class HashedFile:
     """A binary file written in pieces, its sha256 computed on the way (no second read)."""
@@ -215,8 +218,8 @@ class BlockWriter:
         self.out_dir, self.split, self.seq_len, self.dtype = out_dir, split, seq_len, dtype
         self.body = seq_len - 2
         self.blocks_per_shard = blocks_per_shard
-        self.rest = np.empty(0, np.int32)   # tokens waiting for the next block, < body of them
-        self.files: list[dict] = []         # manifest entries: file, blocks, sha256
+        self.rest = np.empty(0, np.int32)  # tokens waiting for the next block, < body of them
+        self.files: list[dict] = []  # manifest entries: file, blocks, sha256
         self.documents = self.padding = 0
         self._file: HashedFile | None = None
 
@@ -226,7 +229,7 @@ class BlockWriter:
         n = len(buf) // self.body
         if n:
             self._write(self._frame(buf[: n * self.body].reshape(n, self.body)))
-        self.rest = buf[n * self.body:].copy()
+        self.rest = buf[n * self.body :].copy()
 
     def _frame(self, body: np.ndarray) -> np.ndarray:
         """(n, body) stream pieces -> (n, seq_len) blocks [CLS] piece [SEP]."""
@@ -258,7 +261,7 @@ class BlockWriter:
         if len(self.rest):
             last = np.full((1, self.seq_len), PAD_ID, self.dtype)
             last[0, 0] = CLS_ID
-            last[0, 1:1 + len(self.rest)] = self.rest
+            last[0, 1 : 1 + len(self.rest)] = self.rest
             last[0, 1 + len(self.rest)] = SEP_ID
             self.padding = self.body - len(self.rest)
             self._write(last)
@@ -266,22 +269,35 @@ class BlockWriter:
         if self._file is not None:
             self._close_file()
         blocks = sum(f["blocks"] for f in self.files)
-        return {"documents": self.documents, "blocks": blocks,
-                "tokens": blocks * self.seq_len - self.padding,   # real tokens, [CLS]/[SEP] included
-                "padding": self.padding, "files": self.files}
+        return {
+            "documents": self.documents,
+            "blocks": blocks,
+            "tokens": blocks * self.seq_len - self.padding,  # real tokens, [CLS]/[SEP] included
+            "padding": self.padding,
+            "files": self.files,
+        }
 
 
 # --------------------------------------------------------------------------------------------
 # Static masking (TEAMS App. B)
 # --------------------------------------------------------------------------------------------
 
+
 def static_mask_names(block_file: str, copy: int) -> tuple[str, str]:
     stem = block_file.removesuffix(".bin")
     return f"{stem}.copy-{copy:02d}.ids.bin", f"{stem}.copy-{copy:02d}.mask.bin"
 
 
-def write_static_masks(out_dir: Path, splits: dict, sm: StaticMaskingConfig, vocab_size: int,
-                       seq_len: int, dtype: np.dtype, seed: int, chunk_blocks: int = 4096) -> None:
+def write_static_masks(
+    out_dir: Path,
+    splits: dict,
+    sm: StaticMaskingConfig,
+    vocab_size: int,
+    seq_len: int,
+    dtype: np.dtype,
+    seed: int,
+    chunk_blocks: int = 4096,
+) -> None:
     """For each block file and copy c < duplication: the masked ids and the packed mlm_mask of copy c.
     Adds a "static" list to every file entry of `splits`. Seeded by (seed, split, file, copy)."""
     import torch
@@ -297,26 +313,35 @@ def write_static_masks(out_dir: Path, splits: dict, sm: StaticMaskingConfig, voc
                 ids_name, mask_name = static_mask_names(entry["file"], copy)
                 ids_file, mask_file = HashedFile(out_dir / ids_name), HashedFile(out_dir / mask_name)
                 for start in range(0, len(blocks), chunk_blocks):
-                    ids = torch.from_numpy(blocks[start:start + chunk_blocks].astype(np.int64))   # (n, T)
+                    ids = torch.from_numpy(blocks[start : start + chunk_blocks].astype(np.int64))  # (n, T)
                     masked, mlm = mask_tokens(ids, ids != PAD_ID, sm.masking, vocab_size, generator)
                     ids_file.write(masked.numpy().astype(dtype).tobytes())
-                    mask_file.write(np.packbits(mlm.numpy(), axis=1).tobytes())   # (n, ceil(T / 8))
-                entry["static"].append({"ids": ids_name, "ids_sha256": ids_file.close(),
-                                        "mask": mask_name, "mask_sha256": mask_file.close()})
+                    mask_file.write(np.packbits(mlm.numpy(), axis=1).tobytes())  # (n, ceil(T / 8))
+                entry["static"].append(
+                    {
+                        "ids": ids_name,
+                        "ids_sha256": ids_file.close(),
+                        "mask": mask_name,
+                        "mask_sha256": mask_file.close(),
+                    }
+                )
 
 
 # --------------------------------------------------------------------------------------------
 # The stage
 # --------------------------------------------------------------------------------------------
 
+
 def config_hash(cfg: ShardsConfig, corpus_manifest: dict, tokenizer_info: dict) -> str:
     """sha256 of what determines the shards' content: the config (less `workers`, which changes only the
     speed) and the checksums of the corpus parts and the vocabulary model."""
     cfg_dict = to_dict(cfg)
     cfg_dict.pop("workers")
-    made_from = {"shards": cfg_dict,
-                 "corpus": [p["sha256"] for p in corpus_manifest["parts"]],
-                 "vocab": tokenizer_info["model_sha256"]}
+    made_from = {
+        "shards": cfg_dict,
+        "corpus": [p["sha256"] for p in corpus_manifest["parts"]],
+        "vocab": tokenizer_info["model_sha256"],
+    }
     return hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()
 
 
@@ -327,8 +352,10 @@ def build_shards(corpus_dir: str | Path, vocab_dir: str | Path, out_dir: str | P
     corpus = read_corpus_manifest(corpus_dir)
     tok = Tokenizer(vocab_dir)
     if tok.uncased != corpus["uncased"]:
-        raise DataError(f"{tok.model_path}: the vocabulary is {'un' if tok.uncased else ''}cased but "
-                        f"{corpus_dir} is {'un' if corpus['uncased'] else ''}cased; rebuild the vocabulary")
+        raise DataError(
+            f"{tok.model_path}: the vocabulary is {'un' if tok.uncased else ''}cased but "
+            f"{corpus_dir} is {'un' if corpus['uncased'] else ''}cased; rebuild the vocabulary"
+        )
     dtype = token_dtype(tok.vocab_size)
     validation = validation_documents(corpus["documents"], cfg.validation_fraction, cfg.seed)
 
@@ -336,8 +363,9 @@ def build_shards(corpus_dir: str | Path, vocab_dir: str | Path, out_dir: str | P
         writers = {split: BlockWriter(tmp, split, cfg.seq_len, dtype, cfg.blocks_per_shard) for split in SPLITS}
         tokens = 0
         with byte_bar("shards", corpus["bytes"]) as bar:
-            for train, val, n_train, n_val, n_bytes in encode_corpus(corpus_dir, corpus, tok.model_path,
-                                                                     validation, cfg.workers):
+            for train, val, n_train, n_val, n_bytes in encode_corpus(
+                corpus_dir, corpus, tok.model_path, validation, cfg.workers
+            ):
                 writers["train"].add(train, n_train)
                 writers["validation"].add(val, n_val)
                 tokens += len(train) + len(val)
@@ -346,29 +374,42 @@ def build_shards(corpus_dir: str | Path, vocab_dir: str | Path, out_dir: str | P
         splits = {split: w.close() for split, w in writers.items()}
         if cfg.static_masking.duplication:
             write_static_masks(tmp, splits, cfg.static_masking, tok.vocab_size, cfg.seq_len, dtype, cfg.seed)
-        write_json(tmp / MANIFEST, {
-            "format": "electralab.shards/1",
-            "packing": "full-sentences",
-            "seq_len": cfg.seq_len,
-            "dtype": dtype.name,
-            "byteorder": "little",
-            "vocab_size": tok.vocab_size,
-            "special_ids": {t: i for i, t in enumerate(SPECIAL_TOKENS)},
-            "config_hash": config_hash(cfg, corpus, tok.info),
-            "config": to_dict(cfg),
-            "vocab_model_sha256": tok.info["model_sha256"],
-            "static_masking": {"duplication": cfg.static_masking.duplication,
-                               "masking": to_dict(cfg.static_masking.masking)},
-            "splits": splits,
-        })
+        write_json(
+            tmp / MANIFEST,
+            {
+                "format": "electralab.shards/1",
+                "packing": "full-sentences",
+                "seq_len": cfg.seq_len,
+                "dtype": dtype.name,
+                "byteorder": "little",
+                "vocab_size": tok.vocab_size,
+                "special_ids": {t: i for i, t in enumerate(SPECIAL_TOKENS)},
+                "config_hash": config_hash(cfg, corpus, tok.info),
+                "config": to_dict(cfg),
+                "vocab_model_sha256": tok.info["model_sha256"],
+                "static_masking": {
+                    "duplication": cfg.static_masking.duplication,
+                    "masking": to_dict(cfg.static_masking.masking),
+                },
+                "splits": splits,
+            },
+        )
     seconds = time.perf_counter() - started
-    metrics = {f"{split}_{key}": splits[split][key] for split in SPLITS
-               for key in ("documents", "blocks", "tokens", "padding")}
-    metrics.update(seconds=round(seconds, 3), mb_per_s=round(corpus["bytes"] / 1e6 / seconds, 2),
-                   static_copies=cfg.static_masking.duplication)
-    summary("shards", f"{metrics['train_blocks']:,} train + {metrics['validation_blocks']:,} validation "
-            f"blocks of {cfg.seq_len}, {tokens:,} tokens from {megabytes(corpus['bytes'])} "
-            f"({metrics['mb_per_s']} MB/s) -> {out_dir}", started)
+    metrics = {
+        f"{split}_{key}": splits[split][key] for split in SPLITS for key in ("documents", "blocks", "tokens", "padding")
+    }
+    metrics.update(
+        seconds=round(seconds, 3),
+        mb_per_s=round(corpus["bytes"] / 1e6 / seconds, 2),
+        static_copies=cfg.static_masking.duplication,
+    )
+    summary(
+        "shards",
+        f"{metrics['train_blocks']:,} train + {metrics['validation_blocks']:,} validation "
+        f"blocks of {cfg.seq_len}, {tokens:,} tokens from {megabytes(corpus['bytes'])} "
+        f"({metrics['mb_per_s']} MB/s) -> {out_dir}",
+        started,
+    )
     return metrics
 
 
@@ -376,17 +417,20 @@ def build_shards(corpus_dir: str | Path, vocab_dir: str | Path, out_dir: str | P
 # Reading back: manifest and checksums
 # --------------------------------------------------------------------------------------------
 
+
 def read_shards_manifest(shards_dir: str | Path) -> dict:
     manifest = read_manifest(Path(shards_dir) / MANIFEST, "shards")
     missing = [k for k in ("seq_len", "vocab_size", "dtype", "splits") if k not in manifest]
     if missing:
-        raise DataError(f"{Path(shards_dir) / MANIFEST}: no {missing[0]!r}; run the shards stage again "
-                        f"(dvc repro -f shards)")
+        raise DataError(
+            f"{Path(shards_dir) / MANIFEST}: no {missing[0]!r}; run the shards stage again (dvc repro -f shards)"
+        )
     return manifest
 
 
-def verify_shards(shards_dir: str | Path, manifest: dict | None = None, splits: list[str] | None = None,
-                  checksums: bool = True) -> None:
+def verify_shards(
+    shards_dir: str | Path, manifest: dict | None = None, splits: list[str] | None = None, checksums: bool = True
+) -> None:
     """Check every file of `splits` (default: all) against the manifest: present, of the size its block
     count gives, and (when `checksums`) with the recorded sha256. Raises DataError naming the file."""
     shards_dir = Path(shards_dir)
@@ -397,15 +441,19 @@ def verify_shards(shards_dir: str | Path, manifest: dict | None = None, splits: 
         for entry in manifest["splits"][split]["files"]:
             expected = [(entry["file"], entry["sha256"], seq_len * itemsize)]
             for copy in entry.get("static", []):
-                expected += [(copy["ids"], copy["ids_sha256"], seq_len * itemsize),
-                             (copy["mask"], copy["mask_sha256"], (seq_len + 7) // 8)]
+                expected += [
+                    (copy["ids"], copy["ids_sha256"], seq_len * itemsize),
+                    (copy["mask"], copy["mask_sha256"], (seq_len + 7) // 8),
+                ]
             for name, sha, row_bytes in expected:
                 path = shards_dir / name
                 if not path.is_file():
                     raise DataError(f"{path}: missing, but listed in {shards_dir / MANIFEST}; {rebuild}")
                 size = path.stat().st_size
                 if size != entry["blocks"] * row_bytes:
-                    raise DataError(f"{path}: {size} bytes, but the manifest's {entry['blocks']} blocks make "
-                                    f"{entry['blocks'] * row_bytes}; {rebuild}")
+                    raise DataError(
+                        f"{path}: {size} bytes, but the manifest's {entry['blocks']} blocks make "
+                        f"{entry['blocks'] * row_bytes}; {rebuild}"
+                    )
                 if checksums and (actual := sha256_file(path)) != sha:
                     raise DataError(f"{path}: sha256 {actual} does not match the manifest's {sha}; {rebuild}")

@@ -29,7 +29,7 @@ def _drop_table(uncased: bool) -> dict[int, None]:
     """
     drop = {"Cc", "Cf", "Mn"} if uncased else {"Cc", "Cf"}
     table = {cp: None for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp)) in drop}
-    table[0xFFFD] = None   # the replacement character marks text that was already broken
+    table[0xFFFD] = None  # the replacement character marks text that was already broken
     return table
 
 
@@ -39,7 +39,7 @@ _ASCII_CONTROLS = {cp: None for cp in [*range(0x00, 0x09), *range(0x0E, 0x1C), 0
 
 def normalize(text: str, uncased: bool) -> str:
     """Clean one paragraph (or any text): see the module docstring. Newlines become spaces."""
-    if text.isascii():   # the common case, ~10x faster than the Unicode path
+    if text.isascii():  # the common case, ~10x faster than the Unicode path
         text = " ".join(text.translate(_ASCII_CONTROLS).split())
         return text.lower() if uncased else text
     # Collapse whitespace first: the drop table deletes \t and \n, which must become spaces.

@@ -57,8 +57,8 @@ def corpus_sentences(corpus_dir: Path, manifest: dict, cfg: VocabConfig, counts:
     keep = None
     if n > cfg.input_sentence_size:
         keep = np.sort(np.random.default_rng(cfg.seed).choice(n, cfg.input_sentence_size, replace=False))
-    index = 0       # of the paragraph in the corpus
-    next_keep = 0   # position in `keep` of the next paragraph to use
+    index = 0  # of the paragraph in the corpus
+    next_keep = 0  # position in `keep` of the next paragraph to use
     with byte_bar("vocab: reading", manifest["bytes"]) as bar:
         for doc in iter_documents(corpus_dir, manifest):
             bar.update(len(doc.encode("utf-8")))
@@ -82,7 +82,7 @@ def train_vocab(corpus_dir: str | Path, out_dir: str | Path, cfg: VocabConfig, w
     manifest = read_corpus_manifest(corpus_dir)
     counts = {"sentences": 0, "skipped_too_long": 0}
     with atomic_dir(out_dir) as tmp:
-        spm.set_random_generator_seed(cfg.seed)   # for anything else in sentencepiece that draws
+        spm.set_random_generator_seed(cfg.seed)  # for anything else in sentencepiece that draws
         # model_writer, not model_prefix: the prefix (a random temporary path) would be stored in the
         # model and make two identical trainings differ byte for byte.
         model = io.BytesIO()
@@ -101,11 +101,16 @@ def train_vocab(corpus_dir: str | Path, out_dir: str | Path, cfg: VocabConfig, w
                 num_threads=cfg.threads,
                 # Our text.normalize already did everything; sentencepiece adds nothing.
                 normalization_rule_name="identity",
-                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=CLS_ID, eos_id=SEP_ID,
-                pad_piece=SPECIAL_TOKENS[PAD_ID], unk_piece=SPECIAL_TOKENS[UNK_ID],
-                bos_piece=SPECIAL_TOKENS[CLS_ID], eos_piece=SPECIAL_TOKENS[SEP_ID],
+                pad_id=PAD_ID,
+                unk_id=UNK_ID,
+                bos_id=CLS_ID,
+                eos_id=SEP_ID,
+                pad_piece=SPECIAL_TOKENS[PAD_ID],
+                unk_piece=SPECIAL_TOKENS[UNK_ID],
+                bos_piece=SPECIAL_TOKENS[CLS_ID],
+                eos_piece=SPECIAL_TOKENS[SEP_ID],
                 user_defined_symbols=[SPECIAL_TOKENS[MASK_ID]],
-                minloglevel=2,   # its INFO/WARNING lines drown the progress bar; errors still raise
+                minloglevel=2,  # its INFO/WARNING lines drown the progress bar; errors still raise
             )
         except RuntimeError as e:
             raise _explain(e, cfg, where, corpus_dir) from None
@@ -113,8 +118,9 @@ def train_vocab(corpus_dir: str | Path, out_dir: str | Path, cfg: VocabConfig, w
         sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
         _check_special_ids(sp)
         # What spm would write as spm.vocab (piece <tab> score), for people reading the vocabulary.
-        (tmp / VOCAB_FILE).write_text("".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n"
-                                              for i in range(sp.vocab_size())), encoding="utf-8")
+        (tmp / VOCAB_FILE).write_text(
+            "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.vocab_size())), encoding="utf-8"
+        )
         tokenizer_info = {
             "format": "electralab.tokenizer/1",
             "model": MODEL_FILE,
@@ -124,12 +130,15 @@ def train_vocab(corpus_dir: str | Path, out_dir: str | Path, cfg: VocabConfig, w
             "special_ids": {tok: i for i, tok in enumerate(SPECIAL_TOKENS)},
         }
         write_json(tmp / TOKENIZER_FILE, tokenizer_info)
-        metrics = {"vocab_size": sp.vocab_size(), **counts,
-                   **_quality(sp, iter_documents(corpus_dir, manifest))}
+        metrics = {"vocab_size": sp.vocab_size(), **counts, **_quality(sp, iter_documents(corpus_dir, manifest))}
     metrics["seconds"] = round(time.perf_counter() - started, 3)
-    summary("vocab", f"{cfg.model_type} {metrics['vocab_size']:,} pieces from {counts['sentences']:,} "
-            f"sentences (sampled up to {cfg.input_sentence_size:,}), {metrics['chars_per_token']:.2f} "
-            f"chars/token -> {out_dir}", started)
+    summary(
+        "vocab",
+        f"{cfg.model_type} {metrics['vocab_size']:,} pieces from {counts['sentences']:,} "
+        f"sentences (sampled up to {cfg.input_sentence_size:,}), {metrics['chars_per_token']:.2f} "
+        f"chars/token -> {out_dir}",
+        started,
+    )
     return metrics
 
 
@@ -137,9 +146,11 @@ def _explain(e: RuntimeError, cfg: VocabConfig, where: str, corpus_dir: Path) ->
     """sentencepiece's errors, in terms of our config keys."""
     m = re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", str(e))
     if m:
-        return ConfigError(f"{where}.size={cfg.size} is more than the corpus in {corpus_dir} supports: "
-                           f"sentencepiece can make at most {m.group(2)} pieces from it; lower the size "
-                           f"or use a larger corpus")
+        return ConfigError(
+            f"{where}.size={cfg.size} is more than the corpus in {corpus_dir} supports: "
+            f"sentencepiece can make at most {m.group(2)} pieces from it; lower the size "
+            f"or use a larger corpus"
+        )
     if "No valid sentence" in str(e) or "empty" in str(e).lower():
         return DataError(f"{corpus_dir}: no usable sentences for sentencepiece ({e})")
     return DataError(f"sentencepiece failed on {corpus_dir} with {where}: {e}")
@@ -168,9 +179,9 @@ def _quality(sp: spm.SentencePieceProcessor, docs: Iterator[str]) -> dict:
 class Tokenizer:
     """The project's tokenizer: text.normalize (cased/uncased as the corpus was) + the sentencepiece BPE.
 
-        tok = Tokenizer("data/vocab")
-        ids = tok.encode("The Café")          # list[int], no [CLS]/[SEP] added
-        tok.decode(ids)                        # "the cafe" for an uncased vocab
+    tok = Tokenizer("data/vocab")
+    ids = tok.encode("The Café")          # list[int], no [CLS]/[SEP] added
+    tok.decode(ids)                        # "the cafe" for an uncased vocab
     """
 
     pad_id, unk_id, cls_id, sep_id, mask_id = PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID

@@ -24,17 +24,17 @@ from electralab.finetune.features import Encoded, encode_pairs
 from electralab.finetune.squad import SquadWindows, squad_windows
 from electralab.finetune.tasks import EvalSplit, GlueSplit, SquadSplit, Task, read_split
 
-SUBSET_SEED = 0   # caps and label fractions: the same examples for every run and every seed
+SUBSET_SEED = 0  # caps and label fractions: the same examples for every run and every seed
 
 
 @dataclass
 class TaskData:
     task: Task
-    train: Encoded                                           # SQuAD: the training windows
+    train: Encoded  # SQuAD: the training windows
     evals: list[tuple[EvalSplit, Encoded | SquadWindows]]
     counts: dict[str, int] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)    # split name -> file or hub split
-    fingerprint: str = ""                                    # of every token id and label
+    sources: dict[str, str] = field(default_factory=dict)  # split name -> file or hub split
+    fingerprint: str = ""  # of every token id and label
 
 
 def subset(n: int, keep: int | None) -> np.ndarray:
@@ -56,11 +56,12 @@ def _digest(h, encoded: Encoded) -> None:
         h.update(np.ascontiguousarray(array).tobytes())
 
 
-def prepare(task: Task, tokenizer, cfg: FinetuneConfig, data_root: Path | None,
-            fractions: Iterable[float] = (1.0,)) -> dict[float, TaskData]:
+def prepare(
+    task: Task, tokenizer, cfg: FinetuneConfig, data_root: Path | None, fractions: Iterable[float] = (1.0,)
+) -> dict[float, TaskData]:
     """TaskData per label fraction (evaluation splits shared). Raises MissingSplit."""
     caps = [c for c in (cfg.train_caps.get(task.name), cfg.max_train_examples) if c is not None]
-    train_cap, eval_cap = min(caps, default=None), cfg.max_eval_examples   # a global cap (-S, tests) still binds
+    train_cap, eval_cap = min(caps, default=None), cfg.max_eval_examples  # a global cap (-S, tests) still binds
     if task.kind == "span":
         train_cap = cfg.squad.max_train_questions or train_cap
         eval_cap = cfg.squad.max_eval_questions or eval_cap
@@ -90,9 +91,14 @@ def prepare(task: Task, tokenizer, cfg: FinetuneConfig, data_root: Path | None,
         train, skipped = _tokenize(task, raw_train.subset(keep), tokenizer, cfg, train=True)
         h = eval_digest.copy()
         _digest(h, train)
-        out[fraction] = TaskData(task, train, evals,
-                                 {**counts, "num_train_examples": len(keep) - skipped, "num_train_skipped": skipped},
-                                 sources, h.hexdigest()[:16])
+        out[fraction] = TaskData(
+            task,
+            train,
+            evals,
+            {**counts, "num_train_examples": len(keep) - skipped, "num_train_skipped": skipped},
+            sources,
+            h.hexdigest()[:16],
+        )
     return out
 
 

@@ -23,9 +23,10 @@ from electralab import CLS_ID, PAD_ID, SEP_ID
 @dataclass
 class Encoded:
     """Token ids of N sequences: sequence i is ids[offsets[i]:offsets[i + 1]]."""
-    ids: np.ndarray        # (total tokens,) int32
-    offsets: np.ndarray    # (N + 1,) int64
-    labels: np.ndarray     # (N,) int64 / float32; SQuAD windows: (N, 2) start and end positions
+
+    ids: np.ndarray  # (total tokens,) int32
+    offsets: np.ndarray  # (N + 1,) int64
+    labels: np.ndarray  # (N,) int64 / float32; SQuAD windows: (N, 2) start and end positions
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -46,7 +47,7 @@ class Encoded:
         return input_ids, input_ids != PAD_ID, torch.from_numpy(self.labels[index])
 
     def subset(self, index: np.ndarray) -> "Encoded":
-        return pack([self.ids[self.offsets[i]:self.offsets[i + 1]] for i in index], self.labels[index])
+        return pack([self.ids[self.offsets[i] : self.offsets[i + 1]] for i in index], self.labels[index])
 
 
 def pack(sequences: list, labels: np.ndarray) -> Encoded:
@@ -69,7 +70,7 @@ def truncate_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     elif len_b > len_a:
         cut = min(excess, len_b - len_a)
         len_b, excess = len_b - cut, excess - cut
-    return len_a - excess // 2, len_b - (excess + 1) // 2   # equal now: b loses the odd token
+    return len_a - excess // 2, len_b - (excess + 1) // 2  # equal now: b loses the odd token
 
 
 def encode_pairs(tokenizer, text_a: list[str], text_b: list[str] | None, labels: np.ndarray, max_len: int) -> Encoded:
@@ -93,17 +94,22 @@ def encode_pairs(tokenizer, text_a: list[str], text_b: list[str] | None, labels:
 GROUP_WINDOW = 50
 
 
-def train_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
-                  group_by_length: bool = True) -> list[np.ndarray]:
+def train_batches(
+    lengths: np.ndarray, batch_size: int, rng: np.random.Generator, group_by_length: bool = True
+) -> list[np.ndarray]:
     """One epoch of training batches. Shuffled; with group_by_length, sorted by length within windows
     of GROUP_WINDOW batches (less padding, still random: fairseq batches by size too), and the batches
     shuffled again."""
     order = rng.permutation(len(lengths))
     if group_by_length:
         window = batch_size * GROUP_WINDOW
-        order = np.concatenate([chunk[np.argsort(-lengths[chunk], kind="stable")]
-                                for chunk in np.array_split(order, max(1, -(-len(order) // window)))])
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        order = np.concatenate(
+            [
+                chunk[np.argsort(-lengths[chunk], kind="stable")]
+                for chunk in np.array_split(order, max(1, -(-len(order) // window)))
+            ]
+        )
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     if group_by_length:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
@@ -112,7 +118,7 @@ def train_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator
 def eval_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
     """Every row once, sorted by length (the least padding); results are put back in order by index."""
     order = np.argsort(lengths, kind="stable")
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 __all__ = ["Encoded", "encode_pairs", "eval_batches", "pack", "train_batches", "truncate_pair"]

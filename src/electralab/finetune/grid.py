@@ -24,12 +24,13 @@ import pandas as pd
 from electralab.config import SearchSpace
 from electralab.io import read_json, write_json
 
-FINAL = "final"   # the `checkpoint` of the finished pretraining run (docs/tracking.md)
+FINAL = "final"  # the `checkpoint` of the finished pretraining run (docs/tracking.md)
 
 
 @dataclass(frozen=True)
 class HParams:
     """One configuration of the grid (COCO-LM Tables 7/8: peak LR, max epochs, batch size, warm-up)."""
+
     lr: float
     epochs: int
     batch_size: int
@@ -42,14 +43,20 @@ class HParams:
 
 def configurations(space: SearchSpace) -> list[HParams]:
     """Every combination, in a fixed order (ties in selection go to the earlier one)."""
-    return [HParams(lr, epochs, batch, warmup) for lr in space.lr for epochs in space.epochs
-            for batch in space.batch_size for warmup in space.warmup]
+    return [
+        HParams(lr, epochs, batch, warmup)
+        for lr in space.lr
+        for epochs in space.epochs
+        for batch in space.batch_size
+        for warmup in space.warmup
+    ]
 
 
 @dataclass(frozen=True)
 class Group:
     """What one MLflow parent run holds: a task fine-tuned from one checkpoint of the pretraining run
     (`final`, or a fraction of pretraining such as `050`) on a fraction of its training labels."""
+
     task: str
     checkpoint: str = FINAL
     label_fraction: float = 1.0
@@ -67,6 +74,7 @@ class Group:
 @dataclass(frozen=True)
 class TrialSpec:
     """One Tune trial: a configuration and a seed of a group."""
+
     group: Group
     hparams: HParams
     seed: int
@@ -87,16 +95,17 @@ class TrialSpec:
 # Median per configuration, best configuration
 # --------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Selection:
     best: HParams
-    stats: dict[str, float]      # median_/std_/min_/max_<metric> over the best configuration's seeds
-    by_seed: dict[int, dict[str, float]]   # the best configuration's metrics per seed (the claim tests)
-    medians: pd.DataFrame        # one row per configuration: its values, seeds, median of every metric
+    stats: dict[str, float]  # median_/std_/min_/max_<metric> over the best configuration's seeds
+    by_seed: dict[int, dict[str, float]]  # the best configuration's metrics per seed (the claim tests)
+    medians: pd.DataFrame  # one row per configuration: its values, seeds, median of every metric
 
 
 def _score(value: float) -> float:
-    return value if math.isfinite(value) else -math.inf   # an undefined median never wins
+    return value if math.isfinite(value) else -math.inf  # an undefined median never wins
 
 
 def select(finals: dict[TrialSpec, dict[str, float]], configs: list[HParams], main_metric: str) -> Selection:
@@ -113,15 +122,25 @@ def select(finals: dict[TrialSpec, dict[str, float]], configs: list[HParams], ma
     for hp in configs:
         if hp in by_config:
             values = {m: [r.get(m, np.nan) for r in by_config[hp].values()] for m in names}
-            rows.append({"config": hp.name, **asdict(hp), "seeds": len(by_config[hp]),
-                         **{m: float(np.median(v)) for m, v in values.items()}})
+            rows.append(
+                {
+                    "config": hp.name,
+                    **asdict(hp),
+                    "seeds": len(by_config[hp]),
+                    **{m: float(np.median(v)) for m, v in values.items()},
+                }
+            )
     best_row = max(range(len(rows)), key=lambda i: (_score(rows[i][main_metric]), -i))
     best = HParams(**{k: rows[best_row][k] for k in ("lr", "epochs", "batch_size", "warmup")})
     stats = {}
     for metric in names:
         values = np.array([r.get(metric, np.nan) for r in by_config[best].values()], dtype=np.float64)
-        stats |= {f"median_{metric}": float(np.median(values)), f"std_{metric}": float(np.std(values)),
-                  f"min_{metric}": float(np.min(values)), f"max_{metric}": float(np.max(values))}
+        stats |= {
+            f"median_{metric}": float(np.median(values)),
+            f"std_{metric}": float(np.std(values)),
+            f"min_{metric}": float(np.min(values)),
+            f"max_{metric}": float(np.max(values)),
+        }
     table = pd.DataFrame(rows)
     return Selection(best, stats, dict(sorted(by_config[best].items())), table)
 
@@ -129,6 +148,7 @@ def select(finals: dict[TrialSpec, dict[str, float]], configs: list[HParams], ma
 # --------------------------------------------------------------------------------------------
 # Finished trials on disk (resume)
 # --------------------------------------------------------------------------------------------
+
 
 class ResultStore:
     """<directory>/<group>/<config>,seed=<k>.json per finished trial: its history and the fingerprint

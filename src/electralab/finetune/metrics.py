@@ -84,7 +84,7 @@ def average_ranks(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     order = np.argsort(x, kind="mergesort")
     ordered = x[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])   # first position of each value
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # first position of each value
     counts = np.diff(np.r_[starts, len(x)])
     group = np.repeat(np.arange(len(starts)), counts)
     ranks = np.empty(len(x), dtype=np.float64)
@@ -115,8 +115,16 @@ def glue_metrics(task: str, outputs: np.ndarray, labels: np.ndarray, suffix: str
 
 
 # The GLUE average's part of each task (COCO-LM Table 1 caption; electralab.tables.GLUE_AVG_PARTS).
-GLUE_AVERAGE_METRICS = {"mnli": "accuracy", "qqp": "accuracy", "qnli": "accuracy", "sst2": "accuracy",
-                        "cola": "mcc", "rte": "accuracy", "mrpc": "accuracy", "stsb": "spearman"}
+GLUE_AVERAGE_METRICS = {
+    "mnli": "accuracy",
+    "qqp": "accuracy",
+    "qnli": "accuracy",
+    "sst2": "accuracy",
+    "cola": "mcc",
+    "rte": "accuracy",
+    "mrpc": "accuracy",
+    "stsb": "spearman",
+}
 
 
 def glue_average(medians: dict[str, dict[str, float]]) -> float | None:
@@ -151,7 +159,7 @@ def exact_score(gold: str, prediction: str) -> int:
 
 def f1_score(gold: str, prediction: str) -> float:
     gold_tokens, pred_tokens = _tokens(gold), _tokens(prediction)
-    if not gold_tokens or not pred_tokens:   # unanswerable, or an empty prediction
+    if not gold_tokens or not pred_tokens:  # unanswerable, or an empty prediction
         return float(gold_tokens == pred_tokens)
     same = sum((collections.Counter(gold_tokens) & collections.Counter(pred_tokens)).values())
     if same == 0:
@@ -167,8 +175,9 @@ def squad_metrics(golds: dict[str, tuple[str, ...]], predictions: dict[str, str]
     like a score over all of them."""
     missing = [qid for qid in golds if qid not in predictions]
     if missing:
-        raise ValueError(f"SQuAD: {len(missing)} of {len(golds)} questions have no prediction "
-                         f"(first: {', '.join(missing[:3])})")
+        raise ValueError(
+            f"SQuAD: {len(missing)} of {len(golds)} questions have no prediction (first: {', '.join(missing[:3])})"
+        )
     exact, f1, has_answer = {}, {}, {}
     for qid, answers in golds.items():
         gold = [a for a in answers if normalize_answer(a)] or [""]
@@ -183,11 +192,27 @@ def squad_metrics(golds: dict[str, tuple[str, ...]], predictions: dict[str, str]
 
     every = list(exact)
     out = {"exact": mean(exact, every), "f1": mean(f1, every)}
-    for prefix, ids in (("has_ans", [q for q in every if has_answer[q]]), ("no_ans", [q for q in every if not has_answer[q]])):
+    for prefix, ids in (
+        ("has_ans", [q for q in every if has_answer[q]]),
+        ("no_ans", [q for q in every if not has_answer[q]]),
+    ):
         if ids:
             out[f"{prefix}_exact"], out[f"{prefix}_f1"] = mean(exact, ids), mean(f1, ids)
     return out
 
 
-__all__ = ["GLUE_AVERAGE_METRICS", "accuracy", "average_ranks", "exact_score", "f1_positive", "f1_score",
-           "glue_average", "glue_metrics", "matthews", "normalize_answer", "pearson", "spearman", "squad_metrics"]
+__all__ = [
+    "GLUE_AVERAGE_METRICS",
+    "accuracy",
+    "average_ranks",
+    "exact_score",
+    "f1_positive",
+    "f1_score",
+    "glue_average",
+    "glue_metrics",
+    "matthews",
+    "normalize_answer",
+    "pearson",
+    "spearman",
+    "squad_metrics",
+]

@@ -48,19 +48,21 @@ class FinetuneModel(nn.Module):
         init_weights(self.head, encoder.cfg.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(input_ids, attention_mask)[-1]        # (B, T, H) the last layer
-        if self.kind == "span":   # [PAD] positions can be neither start nor end
-            logits = self.head(hidden)                              # (B, T, 2)
+        hidden = self.encoder(input_ids, attention_mask)[-1]  # (B, T, H) the last layer
+        if self.kind == "span":  # [PAD] positions can be neither start nor end
+            logits = self.head(hidden)  # (B, T, 2)
             return logits.masked_fill(~attention_mask[..., None], torch.finfo(logits.dtype).min)
-        logits = self.head(hidden[:, 0])                            # (B, C) from [CLS]
+        logits = self.head(hidden[:, 0])  # (B, C) from [CLS]
         return logits.squeeze(-1) if self.kind == "regression" else logits
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.kind == "regression":
             return F.mse_loss(logits.float(), labels.float())
-        if self.kind == "span":   # mean of the start and end cross-entropies over the window's tokens
-            return (F.cross_entropy(logits[..., 0].float(), labels[:, 0])
-                    + F.cross_entropy(logits[..., 1].float(), labels[:, 1])) / 2
+        if self.kind == "span":  # mean of the start and end cross-entropies over the window's tokens
+            return (
+                F.cross_entropy(logits[..., 0].float(), labels[:, 0])
+                + F.cross_entropy(logits[..., 1].float(), labels[:, 1])
+            ) / 2
         return F.cross_entropy(logits.float(), labels)
 
 

@@ -35,8 +35,7 @@ from electralab.data.progress import progress_bar
 from electralab.data.vocab import Tokenizer
 from electralab.errors import ConfigError, DataError, TrialsFailed
 from electralab.finetune.data import TaskData, prepare
-from electralab.finetune.grid import (FINAL, Group, HParams, ResultStore, Selection, TrialSpec, configurations,
-                                      select)
+from electralab.finetune.grid import FINAL, Group, HParams, ResultStore, Selection, TrialSpec, configurations, select
 from electralab.finetune.metrics import glue_average
 from electralab.finetune.tasks import TASKS, MissingSplit
 from electralab.finetune.track import FinetuneTracker
@@ -49,12 +48,12 @@ from electralab.tracking import finite
 
 @dataclass
 class Plan:
-    groups: list[Group]                                           # main groups first, then the extras
-    encoders: dict[str, Path]                                     # checkpoint -> encoder directory
-    hours: dict[str, dict[str, float]] = field(default_factory=dict)   # checkpoint -> wall/device hours
-    missing: dict[str, str] = field(default_factory=dict)         # group key -> why it cannot run
-    known_gaps: set[str] = field(default_factory=set)             # of those, the offline mirror's known gaps
-    pretrain_run_id: str = ""                                     # the MLflow run that made model_dir
+    groups: list[Group]  # main groups first, then the extras
+    encoders: dict[str, Path]  # checkpoint -> encoder directory
+    hours: dict[str, dict[str, float]] = field(default_factory=dict)  # checkpoint -> wall/device hours
+    missing: dict[str, str] = field(default_factory=dict)  # group key -> why it cannot run
+    known_gaps: set[str] = field(default_factory=set)  # of those, the offline mirror's known gaps
+    pretrain_run_id: str = ""  # the MLflow run that made model_dir
 
     @staticmethod
     def is_extra(group: Group) -> bool:
@@ -77,27 +76,34 @@ def plan(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path) -> Plan:
         for directory in fractions:
             meta = read_json(directory / "meta.json")
             if meta.get("fraction", 0) >= 1.0:
-                continue   # the end of pretraining is the `final` encoder itself
+                continue  # the end of pretraining is the `final` encoder itself
             out.encoders[directory.name] = directory / "encoder"
             out.hours[directory.name] = {k: meta[k] for k in ("wall_hours", "device_hours") if k in meta}
             extras += [Group(task, checkpoint=directory.name) for task in cfg.efficiency_tasks]
         if not fractions:
             for task in cfg.efficiency_tasks:
-                out.missing[f"{task}@checkpoints"] = (f"no pretraining fraction checkpoints in models/{run.name}/fractions "
-                                                      f"(presets.<preset>.pretrain.checkpoint_fractions)")
+                out.missing[f"{task}@checkpoints"] = (
+                    f"no pretraining fraction checkpoints in models/{run.name}/fractions "
+                    f"(presets.<preset>.pretrain.checkpoint_fractions)"
+                )
     if in_few_shot_figure(run.name):
-        extras += [Group(task, label_fraction=f) for task in cfg.few_shot_tasks for f in cfg.few_shot_fractions if f < 1]
+        extras += [
+            Group(task, label_fraction=f) for task in cfg.few_shot_tasks for f in cfg.few_shot_fractions if f < 1
+        ]
     if cfg.extras_grid == "selected":
         orphans = sorted({g.task for g in extras} - set(cfg.tasks))
         if orphans:
-            raise ConfigError(f"finetune.extras_grid=selected fine-tunes the extras with the configuration selected "
-                              f"for their task, but {orphans[0]!r} is not in finetune.tasks; add it or use extras_grid=grid")
+            raise ConfigError(
+                f"finetune.extras_grid=selected fine-tunes the extras with the configuration selected "
+                f"for their task, but {orphans[0]!r} is not in finetune.tasks; add it or use extras_grid=grid"
+            )
     out.groups += extras
     return out
 
 
-def load_data(the_plan: Plan, cfg: FinetuneConfig, tokenizer: Tokenizer,
-              data_root: Path | None) -> dict[tuple[str, float], TaskData]:
+def load_data(
+    the_plan: Plan, cfg: FinetuneConfig, tokenizer: Tokenizer, data_root: Path | None
+) -> dict[tuple[str, float], TaskData]:
     """Each task read and tokenised once, for every label fraction its groups use; a task with a
     missing split marks its groups missing in the plan."""
     fractions: dict[str, set[float]] = {}
@@ -122,32 +128,66 @@ def check_missing(run: ResolvedRun, the_plan: Plan, allow_missing: bool) -> None
     unexpected = {k: why for k, why in the_plan.missing.items() if k not in the_plan.known_gaps}
     if unexpected and not allow_missing:
         listed = "; ".join(f"{k}: {why}" for k, why in sorted(unexpected.items()))
-        raise DataError(f"finetune {run.name}: {len(unexpected)} requested task(s) cannot run ({listed}); fix the "
-                        f"data, or set ELECTRALAB_ALLOW_MISSING=1 to record them as missing and fine-tune the rest")
+        raise DataError(
+            f"finetune {run.name}: {len(unexpected)} requested task(s) cannot run ({listed}); fix the "
+            f"data, or set ELECTRALAB_ALLOW_MISSING=1 to record them as missing and fine-tune the rest"
+        )
 
 
 class GridRun:
     """The trials of one run's groups: which to run, what they gave, the selections, MLflow."""
 
-    def __init__(self, run: ResolvedRun, cfg: FinetuneConfig, the_plan: Plan, data: dict[tuple[str, float], TaskData],
-                 scratch_dir: Path, show_progress: bool):
+    def __init__(
+        self,
+        run: ResolvedRun,
+        cfg: FinetuneConfig,
+        the_plan: Plan,
+        data: dict[tuple[str, float], TaskData],
+        scratch_dir: Path,
+        show_progress: bool,
+    ):
         self.run, self.cfg, self.plan, self.data, self.scratch_dir = run, cfg, the_plan, data, scratch_dir
         self.settings = TrialSettings.of(cfg)
         weights = {ckpt: sha256_file(d / "weights.pt") for ckpt, d in the_plan.encoders.items()}
         # What a finished trial depended on: a result with another fingerprint is stale.
-        self.fingerprints = {g: fingerprint(g.key, weights[g.checkpoint], data[(g.task, g.label_fraction)].fingerprint,
-                                            asdict(self.settings), cfg.max_seq_len) for g in self.runnable}
+        self.fingerprints = {
+            g: fingerprint(
+                g.key,
+                weights[g.checkpoint],
+                data[(g.task, g.label_fraction)].fingerprint,
+                asdict(self.settings),
+                cfg.max_seq_len,
+            )
+            for g in self.runnable
+        }
         self.store = ResultStore(scratch_dir / "results")
         self.tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json", the_plan.pretrain_run_id)
         self.selections: dict[Group, Selection] = {}
         self.resumed = 0
         # Every trial of both phases counted up front (the extras run the one selected configuration).
-        total = sum(len(self.cfg.seeds) * (1 if self.uses_selection(g) else len(self.grid_of(g))) for g in self.runnable)
-        self.bar = progress_bar(total=total, desc=f"finetune {run.name}", unit="trial", disable=not show_progress,
-                                dynamic_ncols=True)
-        self.settings_params = {k: v for k, v in to_dict(cfg).items()
-                                if k in ("max_seq_len", "max_train_examples", "train_caps", "max_eval_examples", "adam_betas",
-                                         "adam_eps", "weight_decay", "clip_norm", "group_by_length", "squad")}
+        total = sum(
+            len(self.cfg.seeds) * (1 if self.uses_selection(g) else len(self.grid_of(g))) for g in self.runnable
+        )
+        self.bar = progress_bar(
+            total=total, desc=f"finetune {run.name}", unit="trial", disable=not show_progress, dynamic_ncols=True
+        )
+        self.settings_params = {
+            k: v
+            for k, v in to_dict(cfg).items()
+            if k
+            in (
+                "max_seq_len",
+                "max_train_examples",
+                "train_caps",
+                "max_eval_examples",
+                "adam_betas",
+                "adam_eps",
+                "weight_decay",
+                "clip_norm",
+                "group_by_length",
+                "squad",
+            )
+        }
 
     @property
     def runnable(self) -> list[Group]:
@@ -163,7 +203,7 @@ class GridRun:
 
     def run_phase(self, groups: list[Group], phase: int, trainable_fn: Callable | None) -> None:
         """Every configuration x seed of `groups` (finished ones from the store), then each group's selection."""
-        from electralab.finetune.tuning import run_trials   # imports Ray
+        from electralab.finetune.tuning import run_trials  # imports Ray
 
         specs = [TrialSpec(g, hp, seed) for g in groups for hp in self.grid_of(g) for seed in self.cfg.seeds]
         finals: dict[TrialSpec, dict[str, float]] = {}
@@ -171,7 +211,7 @@ class GridRun:
         def record(spec: TrialSpec, result: dict) -> None:
             task = TASKS[spec.group.task]
             parent = self.tracker.parent(spec.group, task, self.fingerprints[spec.group])
-            if result.get("mlflow_parent") != parent:    # not logged under this parent yet
+            if result.get("mlflow_parent") != parent:  # not logged under this parent yet
                 result |= {"mlflow_child": self.tracker.trial(spec, parent, result), "mlflow_parent": parent}
                 self.store.put(spec, result)
             last = result["history"][-1]
@@ -180,7 +220,7 @@ class GridRun:
 
         def on_complete(spec: TrialSpec, report: dict) -> None:
             result = {"fingerprint": self.fingerprints[spec.group], "history": json.loads(report["history"])}
-            self.store.put(spec, result)    # first: a finished trial is never run again
+            self.store.put(spec, result)  # first: a finished trial is never run again
             record(spec, result)
 
         todo = []
@@ -192,15 +232,30 @@ class GridRun:
                 self.resumed += 1
                 record(spec, done)
         keys = {(s.group.task, s.group.label_fraction) for s in todo}
-        errors = run_trials(todo, {k: self.data[k] for k in keys}, self.plan.encoders, self.settings, self.cfg.resources,
-                            self.cfg.max_failures, self.scratch_dir / "tune", f"{self.run.name}-phase{phase}",
-                            on_complete, trainable_fn)
+        errors = run_trials(
+            todo,
+            {k: self.data[k] for k in keys},
+            self.plan.encoders,
+            self.settings,
+            self.cfg.resources,
+            self.cfg.max_failures,
+            self.scratch_dir / "tune",
+            f"{self.run.name}-phase{phase}",
+            on_complete,
+            trainable_fn,
+        )
         unfinished = [s for s in specs if s not in finals]
-        if errors or unfinished:   # a failed trial, or Tune stopped early (Ctrl-C): never select on part of a grid
-            why = (f"{len(errors)} trial(s) failed after {self.cfg.max_failures} retries, e.g. {errors[0][0]}: "
-                   f"{errors[0][1]}" if errors else f"{len(unfinished)} trial(s) did not finish, e.g. {unfinished[0].key}")
-            raise TrialsFailed(f"finetune {self.run.name}: {why}; the {len(finals)} finished trials are kept in "
-                               f"{self.scratch_dir} and a re-run resumes from there")
+        if errors or unfinished:  # a failed trial, or Tune stopped early (Ctrl-C): never select on part of a grid
+            why = (
+                f"{len(errors)} trial(s) failed after {self.cfg.max_failures} retries, e.g. {errors[0][0]}: "
+                f"{errors[0][1]}"
+                if errors
+                else f"{len(unfinished)} trial(s) did not finish, e.g. {unfinished[0].key}"
+            )
+            raise TrialsFailed(
+                f"finetune {self.run.name}: {why}; the {len(finals)} finished trials are kept in "
+                f"{self.scratch_dir} and a re-run resumes from there"
+            )
         for group in groups:
             self.finish(group, {s: m for s, m in finals.items() if s.group == group})
 
@@ -209,22 +264,43 @@ class GridRun:
         task = TASKS[group.task]
         self.selections[group] = select(finals, self.grid_of(group), task.main_metric)
         d = self.data[(group.task, group.label_fraction)]
-        metrics = {**d.counts, **self.plan.hours.get(group.checkpoint, {}),
-                   "configurations": len(self.grid_of(group)), "trials": len(finals)}
-        grid = ("the configuration selected on the final checkpoint" if self.uses_selection(group)
-                else asdict(getattr(self.cfg.grids, task.grid)))
-        params = {"grid": grid, "data": d.sources, "encoder": str(self.plan.encoders[group.checkpoint]),
-                  "finetune": self.settings_params}
-        self.tracker.finish(self.tracker.parent(group, task, self.fingerprints[group]), self.selections[group],
-                            metrics, params)
+        metrics = {
+            **d.counts,
+            **self.plan.hours.get(group.checkpoint, {}),
+            "configurations": len(self.grid_of(group)),
+            "trials": len(finals),
+        }
+        grid = (
+            "the configuration selected on the final checkpoint"
+            if self.uses_selection(group)
+            else asdict(getattr(self.cfg.grids, task.grid))
+        )
+        params = {
+            "grid": grid,
+            "data": d.sources,
+            "encoder": str(self.plan.encoders[group.checkpoint]),
+            "finetune": self.settings_params,
+        }
+        self.tracker.finish(
+            self.tracker.parent(group, task, self.fingerprints[group]), self.selections[group], metrics, params
+        )
 
 
-def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir: Path, data_root: Path | None, *,
-             trainable_fn: Callable | None = None, show_progress: bool = True, allow_missing: bool = False) -> dict:
+def finetune(
+    run: ResolvedRun,
+    cfg: FinetuneConfig,
+    model_dir: Path,
+    scratch_dir: Path,
+    data_root: Path | None,
+    *,
+    trainable_fn: Callable | None = None,
+    show_progress: bool = True,
+    allow_missing: bool = False,
+) -> dict:
     """Fine-tune and evaluate `run` (see the module docstring); returns the metrics file's content.
     `trainable_fn` replaces the Tune trainable (tests inject failures with it). A requested task whose data
     is missing stops it before any trial, unless a known gap of the mirror or `allow_missing`."""
-    from electralab.finetune.tuning import ray_session   # imports Ray
+    from electralab.finetune.tuning import ray_session  # imports Ray
 
     started = time.perf_counter()
     model_dir, scratch_dir = Path(model_dir).resolve(), Path(scratch_dir).resolve()
@@ -253,9 +329,12 @@ def finetune(run: ResolvedRun, cfg: FinetuneConfig, model_dir: Path, scratch_dir
     summary = summarize(grid.selections, the_plan.missing, time.perf_counter() - started)
     # Which MLflow runs these numbers are, and of which pretraining run: the report reads only those.
     summary["mlflow"] = {"pretrain_run_id": the_plan.pretrain_run_id, "parents": dict(sorted(parents.items()))}
-    print(f"finetune {run.name}: {summary['trials']} trials ({grid.resumed} from an earlier run) of "
-          f"{len(grid.selections)} groups in {summary['seconds']:.0f} s ("
-          + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + f"); missing: {', '.join(the_plan.missing) or 'none'}")
+    print(
+        f"finetune {run.name}: {summary['trials']} trials ({grid.resumed} from an earlier run) of "
+        f"{len(grid.selections)} groups in {summary['seconds']:.0f} s ("
+        + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
+        + f"); missing: {', '.join(the_plan.missing) or 'none'}"
+    )
     return summary
 
 
@@ -265,8 +344,11 @@ def summarize(selections: dict[Group, Selection], missing: dict[str, str], secon
     and the missing groups with their reason."""
     out: dict = {}
     for group, selection in selections.items():
-        medians = {k.removeprefix("median_"): v if finite(v) else None for k, v in selection.stats.items()
-                   if k.startswith("median_")}
+        medians = {
+            k.removeprefix("median_"): v if finite(v) else None
+            for k, v in selection.stats.items()
+            if k.startswith("median_")
+        }
         if not Plan.is_extra(group):
             out[group.task] = medians
         elif group.checkpoint != FINAL:

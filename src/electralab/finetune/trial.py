@@ -36,6 +36,7 @@ from electralab.train.common import autocast, linear_schedule, make_adamw, resol
 @dataclass(frozen=True)
 class TrialSettings:
     """The values of presets.<p>.finetune that every trial shares (small: shipped to every worker)."""
+
     adam_betas: tuple[float, float]
     adam_eps: float
     weight_decay: float
@@ -44,24 +45,40 @@ class TrialSettings:
     eval_every_epoch: bool
     group_by_length: bool
     squad: SquadSettings
-    precision: str = "auto"     # resolved on the trial's own device (a Ray worker may have a GPU)
+    precision: str = "auto"  # resolved on the trial's own device (a Ray worker may have a GPU)
 
     @classmethod
     def of(cls, cfg: FinetuneConfig) -> "TrialSettings":
-        return cls(cfg.adam_betas, cfg.adam_eps, cfg.weight_decay, cfg.clip_norm, cfg.eval_batch_size,
-                   cfg.eval_every_epoch, cfg.group_by_length, cfg.squad, cfg.precision)
+        return cls(
+            cfg.adam_betas,
+            cfg.adam_eps,
+            cfg.weight_decay,
+            cfg.clip_norm,
+            cfg.eval_batch_size,
+            cfg.eval_every_epoch,
+            cfg.group_by_length,
+            cfg.squad,
+            cfg.precision,
+        )
 
 
-def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings: TrialSettings,
-              device: torch.device = torch.device("cpu"),
-              report: Callable[[list[dict]], None] | None = None) -> list[dict]:
+def run_trial(
+    data: TaskData,
+    encoder: Encoder,
+    hp: HParams,
+    seed: int,
+    settings: TrialSettings,
+    device: torch.device = torch.device("cpu"),
+    report: Callable[[list[dict]], None] | None = None,
+) -> list[dict]:
     started = time.perf_counter()
-    torch.manual_seed(seed)                       # the head's initialisation and dropout
-    rng = np.random.default_rng(seed)             # the order of the training batches
+    torch.manual_seed(seed)  # the head's initialisation and dropout
+    rng = np.random.default_rng(seed)  # the order of the training batches
     model = FinetuneModel(encoder, data.task).to(device)
     precision = resolve_precision(settings.precision, device)
-    optimizer = make_adamw(model, lr=hp.lr, betas=settings.adam_betas, eps=settings.adam_eps,
-                           weight_decay=settings.weight_decay)
+    optimizer = make_adamw(
+        model, lr=hp.lr, betas=settings.adam_betas, eps=settings.adam_eps, weight_decay=settings.weight_decay
+    )
     steps_per_epoch = math.ceil(len(data.train) / hp.batch_size)
     total = steps_per_epoch * hp.epochs
     schedule = linear_schedule(optimizer, round(hp.warmup * total), total)
@@ -82,20 +99,32 @@ def run_trial(data: TaskData, encoder: Encoder, hp: HParams, seed: int, settings
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
         # A diverged configuration is a result too (its dev metrics show it): the grid goes on.
-        evaluated = evaluate(model, data, settings, device, precision) if settings.eval_every_epoch or epoch == hp.epochs else {}
-        history.append({"epoch": epoch, "train_loss": float(torch.stack(losses).mean()), **evaluated,
-                        "seconds": time.perf_counter() - started, "threads": torch.get_num_threads()})
+        evaluated = (
+            evaluate(model, data, settings, device, precision)
+            if settings.eval_every_epoch or epoch == hp.epochs
+            else {}
+        )
+        history.append(
+            {
+                "epoch": epoch,
+                "train_loss": float(torch.stack(losses).mean()),
+                **evaluated,
+                "seconds": time.perf_counter() - started,
+                "threads": torch.get_num_threads(),
+            }
+        )
         if report is not None:
             report(history)
     return history
 
 
 @torch.no_grad()
-def predict(model: FinetuneModel, encoded: Encoded, batch_size: int, device: torch.device,
-            precision: str = "fp32") -> list[np.ndarray]:
+def predict(
+    model: FinetuneModel, encoded: Encoded, batch_size: int, device: torch.device, precision: str = "fp32"
+) -> list[np.ndarray]:
     """The model's outputs for every row of `encoded`, in row order (batches sorted by length)."""
     model.eval()
-    out: list[np.ndarray] = [None] * len(encoded)   # type: ignore[list-item]
+    out: list[np.ndarray] = [None] * len(encoded)  # type: ignore[list-item]
     for index in eval_batches(encoded.lengths, batch_size):
         input_ids, attention_mask, _ = encoded.batch(index)
         with autocast(device, precision):
@@ -105,8 +134,9 @@ def predict(model: FinetuneModel, encoded: Encoded, batch_size: int, device: tor
     return out
 
 
-def evaluate(model: FinetuneModel, data: TaskData, settings: TrialSettings, device: torch.device,
-             precision: str = "fp32") -> dict[str, float]:
+def evaluate(
+    model: FinetuneModel, data: TaskData, settings: TrialSettings, device: torch.device, precision: str = "fp32"
+) -> dict[str, float]:
     """The task's metrics on every evaluation split (MNLI: matched, then mismatched as *_mm)."""
     metrics: dict[str, float] = {}
     for split, evaluation in data.evals:

@@ -66,11 +66,16 @@ def init_ray(resources: TrialResources) -> bool:
     # A trial's threads follow its CPUs (the trainable sets torch's too), not the stage's OMP_NUM_THREADS.
     env = {**TUNE_ENV, "OMP_NUM_THREADS": str(max(1, int(resources.cpus)))}
     if not address:
-        src = str(Path(__file__).resolve().parents[2])   # the directory holding this `electralab` package
+        src = str(Path(__file__).resolve().parents[2])  # the directory holding this `electralab` package
         paths = [src, *(str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    ray.init(address=address or None, num_cpus=None if address else local_cpus(resources),
-             include_dashboard=False, runtime_env={"env_vars": env}, logging_level=logging.WARNING)
+    ray.init(
+        address=address or None,
+        num_cpus=None if address else local_cpus(resources),
+        include_dashboard=False,
+        runtime_env={"env_vars": env},
+        logging_level=logging.WARNING,
+    )
     return True
 
 
@@ -91,9 +96,11 @@ def check_resources(resources: TrialResources) -> None:
     available = ray.cluster_resources()
     for name, key, asked in (("cpus", "CPU", resources.cpus), ("gpus", "GPU", resources.gpus)):
         if asked > available.get(key, 0):
-            raise ConfigError(f"finetune.resources.{name}={asked:g} per trial, but the Ray cluster has "
-                              f"{available.get(key, 0):g} {key}s; lower it (e.g. "
-                              f"-S presets.<preset>.finetune.resources.{name}=...)")
+            raise ConfigError(
+                f"finetune.resources.{name}={asked:g} per trial, but the Ray cluster has "
+                f"{available.get(key, 0):g} {key}s; lower it (e.g. "
+                f"-S presets.<preset>.finetune.resources.{name}=...)"
+            )
 
 
 class Collector(tune.Callback):
@@ -135,43 +142,78 @@ def cached_encoder(directory: str):
     """A fresh copy of the encoder at `directory` (loaded from disk once per worker process)."""
     key = f"{directory}:{os.stat(Path(directory) / 'weights.pt').st_mtime_ns}"
     if key not in _ENCODERS:
-        _ENCODERS.clear()   # keep one: a worker moves from one checkpoint to the next
+        _ENCODERS.clear()  # keep one: a worker moves from one checkpoint to the next
         _ENCODERS[key] = load_encoder(directory)
     return copy.deepcopy(_ENCODERS[key])
 
 
-def run_trials(specs: list[TrialSpec], data: dict, encoders: dict[str, Path], settings, resources: TrialResources,
-               max_failures: int, storage: Path, name: str,
-               on_complete: Callable[[TrialSpec, dict], None], trainable_fn: Callable | None = None) -> list[tuple[str, str]]:
+def run_trials(
+    specs: list[TrialSpec],
+    data: dict,
+    encoders: dict[str, Path],
+    settings,
+    resources: TrialResources,
+    max_failures: int,
+    storage: Path,
+    name: str,
+    on_complete: Callable[[TrialSpec, dict], None],
+    trainable_fn: Callable | None = None,
+) -> list[tuple[str, str]]:
     """Run `specs` on Tune; `on_complete(spec, last_report)` in the driver as each one finishes.
     Returns (trial key, error) for the trials that failed after their retries."""
     if not specs:
         return []
     check_resources(resources)
     refs = {key: ray.put(value) for key, value in data.items()}
-    fn = tune.with_parameters(trainable_fn or trainable, refs=refs, settings=settings, gpus=resources.gpus,
-                              encoders={k: str(v) for k, v in encoders.items()},
-                              threads=max(1, int(resources.cpus)))
+    fn = tune.with_parameters(
+        trainable_fn or trainable,
+        refs=refs,
+        settings=settings,
+        gpus=resources.gpus,
+        encoders={k: str(v) for k, v in encoders.items()},
+        threads=max(1, int(resources.cpus)),
+    )
     asked = {"cpu": resources.cpus, "gpu": resources.gpus}
     tuner = tune.Tuner(
         tune.with_resources(fn, {k: v for k, v in asked.items() if v}),
         param_space={"trial": tune.grid_search([s.as_dict() for s in specs])},
-        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=resources.max_concurrent,
-                                    trial_name_creator=lambda t: TrialSpec.from_dict(t.config["trial"]).key,
-                                    trial_dirname_creator=lambda t: f"trial-{t.trial_id}"),
-        run_config=tune.RunConfig(name=name, storage_path=str(Path(storage).resolve()),
-                                  failure_config=tune.FailureConfig(max_failures=max_failures),
-                                  callbacks=[Collector(on_complete)], verbose=0),
+        tune_config=tune.TuneConfig(
+            reuse_actors=True,
+            max_concurrent_trials=resources.max_concurrent,
+            trial_name_creator=lambda t: TrialSpec.from_dict(t.config["trial"]).key,
+            trial_dirname_creator=lambda t: f"trial-{t.trial_id}",
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=str(Path(storage).resolve()),
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            callbacks=[Collector(on_complete)],
+            verbose=0,
+        ),
     )
     grid = tuner.fit()
     errors = []
     for result in grid:
-        if result.error is not None:   # the trial's own exception, not Ray's wrapper with its traceback
+        if result.error is not None:  # the trial's own exception, not Ray's wrapper with its traceback
             cause = getattr(result.error, "cause", None) or result.error
             first_line = (str(cause).strip().splitlines() or [""])[0]
-            errors.append((TrialSpec.from_dict(result.config["trial"]).key, f"{type(cause).__name__}: {first_line} "
-                           f"(traceback: {result.path}/error.txt)"))
+            errors.append(
+                (
+                    TrialSpec.from_dict(result.config["trial"]).key,
+                    f"{type(cause).__name__}: {first_line} (traceback: {result.path}/error.txt)",
+                )
+            )
     return errors
 
 
-__all__ = ["TUNE_ENV", "Collector", "cached_encoder", "check_resources", "init_ray", "local_cpus", "ray_session", "run_trials", "trainable"]
+__all__ = [
+    "TUNE_ENV",
+    "Collector",
+    "cached_encoder",
+    "check_resources",
+    "init_ray",
+    "local_cpus",
+    "ray_session",
+    "run_trials",
+    "trainable",
+]

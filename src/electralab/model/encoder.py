@@ -38,8 +38,7 @@ def init_weights(module: nn.Module, std: float) -> None:
             nn.init.zeros_(m.bias)
 
 
-def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int,
-                             max_distance: int) -> torch.Tensor:
+def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
     """T5's bidirectional bucketing (Raffel et al. 2020): half the buckets per direction, exact
     buckets for small distances, logarithmically wider ones up to max_distance, then one bucket."""
     num_buckets //= 2
@@ -61,19 +60,22 @@ class RelativePositionBias(nn.Module):
         # T5's formula needs >= 1 exact bucket per direction (num_buckets // 4) and a log range
         # beyond it; fewer buckets divide by log(1) = 0 (or by zero) in relative_position_bucket.
         if num_buckets < 4 or max_distance <= num_buckets // 4:
-            raise ValueError(f"relative_buckets={num_buckets}, relative_max_distance={max_distance}: "
-                             f"T5 bucketing needs relative_buckets >= 4 and relative_max_distance > "
-                             f"relative_buckets // 4")
+            raise ValueError(
+                f"relative_buckets={num_buckets}, relative_max_distance={max_distance}: "
+                f"T5 bucketing needs relative_buckets >= 4 and relative_max_distance > "
+                f"relative_buckets // 4"
+            )
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bias = nn.Embedding(num_buckets, heads)
         self._buckets: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def forward(self, length: int, device: torch.device) -> torch.Tensor:
         key = (length, device)
-        if key not in self._buckets:   # the bucket map depends only on the length: compute once
+        if key not in self._buckets:  # the bucket map depends only on the length: compute once
             pos = torch.arange(length, device=device)
-            self._buckets[key] = relative_position_bucket(pos[None, :] - pos[:, None],
-                                                          self.num_buckets, self.max_distance)
+            self._buckets[key] = relative_position_bucket(
+                pos[None, :] - pos[:, None], self.num_buckets, self.max_distance
+            )
         return self.bias(self._buckets[key]).permute(2, 0, 1).unsqueeze(0)  # (1, heads, T, T)
 
 
@@ -90,28 +92,27 @@ class Embeddings(nn.Module):
         self.project = nn.Linear(cfg.embedding, cfg.hidden) if cfg.embedding != cfg.hidden else None
 
     def forward(self, input_ids: torch.Tensor | None, token_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.tokens(input_ids) if token_embeds is None else token_embeds   # (B, T, E)
+        x = self.tokens(input_ids) if token_embeds is None else token_embeds  # (B, T, E)
         if self.positions is not None:
             x = x + self.positions.weight[: x.shape[1]]
         x = self.dropout(self.norm(x))
-        return self.project(x) if self.project is not None else x            # (B, T, H)
+        return self.project(x) if self.project is not None else x  # (B, T, H)
 
 
 class SelfAttention(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.heads = cfg.heads
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)   # one matmul for q, k, v
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)  # one matmul for q, k, v
         self.out = nn.Linear(cfg.hidden, cfg.hidden)
         self.dropout_p = cfg.attention_dropout
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         B, T, H = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
-        if bias is not None and bias.dtype != q.dtype:   # autocast: the mask must match q's dtype
+        if bias is not None and bias.dtype != q.dtype:  # autocast: the mask must match q's dtype
             bias = bias.to(q.dtype)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
-                                           dropout_p=self.dropout_p if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.dropout_p if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, H))  # (B, T, H)
 
 
@@ -139,9 +140,15 @@ class Encoder(nn.Module):
     as the same Parameters (TEAMS ties its generator's bottom layers to the discriminator's).
     """
 
-    def __init__(self, cfg: EncoderConfig, tokens: nn.Embedding, *, embeddings: Embeddings | None = None,
-                 relative_bias: RelativePositionBias | None = None,
-                 shared_layers: Sequence[TransformerLayer] = ()):
+    def __init__(
+        self,
+        cfg: EncoderConfig,
+        tokens: nn.Embedding,
+        *,
+        embeddings: Embeddings | None = None,
+        relative_bias: RelativePositionBias | None = None,
+        shared_layers: Sequence[TransformerLayer] = (),
+    ):
         super().__init__()
         self.cfg = cfg
         own = cfg.layers - len(shared_layers)
@@ -150,7 +157,7 @@ class Encoder(nn.Module):
         if embeddings is None:
             embeddings = Embeddings(cfg, tokens)
             for name, m in embeddings.named_children():
-                if name != "tokens":   # the shared token table is initialised by its owner
+                if name != "tokens":  # the shared token table is initialised by its owner
                     init_weights(m, cfg.initializer_range)
         self.embeddings = embeddings
         if relative_bias is None and cfg.relative_positions:
@@ -163,14 +170,25 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList([*shared_layers, *new_layers])
 
     @classmethod
-    def from_parts(cls, cfg: EncoderConfig, embeddings: Embeddings,
-                   relative_bias: RelativePositionBias | None, layers: Sequence[TransformerLayer]) -> "Encoder":
+    def from_parts(
+        cls,
+        cfg: EncoderConfig,
+        embeddings: Embeddings,
+        relative_bias: RelativePositionBias | None,
+        layers: Sequence[TransformerLayer],
+    ) -> "Encoder":
         """An encoder view over existing modules (same Parameters): TEAMS exports its MWS branch so."""
-        return cls(dataclasses.replace(cfg, layers=len(layers)), embeddings.tokens,
-                   embeddings=embeddings, relative_bias=relative_bias, shared_layers=layers)
+        return cls(
+            dataclasses.replace(cfg, layers=len(layers)),
+            embeddings.tokens,
+            embeddings=embeddings,
+            relative_bias=relative_bias,
+            shared_layers=layers,
+        )
 
-    def attention_bias(self, attention_mask: torch.Tensor | None, length: int,
-                       device: torch.device) -> torch.Tensor | None:
+    def attention_bias(
+        self, attention_mask: torch.Tensor | None, length: int, device: torch.device
+    ) -> torch.Tensor | None:
         """Additive attention mask (B or 1, heads or 1, T, T): relative bias + -inf on [PAD] keys."""
         bias = self.relative_bias(length, device) if self.relative_bias is not None else None
         # Packed pretraining blocks rarely hold [PAD]: without one, keep the bias (1, heads, T, T)
@@ -182,15 +200,20 @@ class Encoder(nn.Module):
             bias = pad if bias is None else bias + pad
         return bias
 
-    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, *,
-                token_embeds: torch.Tensor | None = None,
-                detach_after: Collection[int] = ()) -> list[torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        token_embeds: torch.Tensor | None = None,
+        detach_after: Collection[int] = (),
+    ) -> list[torch.Tensor]:
         """Returns [embeddings, layer 1, ..., layer L] outputs, each (B, T, H).
 
         detach_after: layer numbers after which the next layer sees a stop-gradient copy
         (AMOS partitions its generator into blocks that learn only from their own MLM exit).
         """
-        x = self.embeddings(input_ids, token_embeds)                   # (B, T, H)
+        x = self.embeddings(input_ids, token_embeds)  # (B, T, H)
         bias = self.attention_bias(attention_mask, x.shape[1], x.device)
         hidden = [x]
         for number, layer in enumerate(self.layers, start=1):
@@ -200,8 +223,7 @@ class Encoder(nn.Module):
                 x = x.detach()
         return hidden
 
-    def run_layer(self, layer: TransformerLayer, x: torch.Tensor,
-                  attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def run_layer(self, layer: TransformerLayer, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Apply an extra layer (a TEAMS task head) with this encoder's attention bias."""
         return layer(x, self.attention_bias(attention_mask, x.shape[1], x.device))
 

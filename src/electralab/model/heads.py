@@ -17,13 +17,23 @@ class LMHead(nn.Module):
     layer" (a plain linear map is kept only when the hidden size differs from the embedding size).
     """
 
-    def __init__(self, hidden: int, tokens: nn.Embedding, *, projection: bool = True, bias: bool = True,
-                 eps: float = 1e-5, std: float = 0.02):
+    def __init__(
+        self,
+        hidden: int,
+        tokens: nn.Embedding,
+        *,
+        projection: bool = True,
+        bias: bool = True,
+        eps: float = 1e-5,
+        std: float = 0.02,
+    ):
         super().__init__()
         dim = tokens.embedding_dim
         self.tokens = tokens
         if projection:
-            self.transform: nn.Module | None = nn.Sequential(nn.Linear(hidden, dim), nn.GELU(), nn.LayerNorm(dim, eps=eps))
+            self.transform: nn.Module | None = nn.Sequential(
+                nn.Linear(hidden, dim), nn.GELU(), nn.LayerNorm(dim, eps=eps)
+            )
         else:
             self.transform = nn.Linear(hidden, dim) if hidden != dim else None
         self.bias = nn.Parameter(torch.zeros(tokens.num_embeddings)) if bias else None
@@ -61,9 +71,9 @@ class BinaryHead(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=std)
                 nn.init.zeros_(m.bias)
-        if prior is not None:   # start at the positive label's base rate: sigmoid(output bias) = prior
+        if prior is not None:  # start at the positive label's base rate: sigmoid(output bias) = prior
             output = [m for m in self.net.modules() if isinstance(m, nn.Linear)][-1]
             nn.init.constant_(output.bias, math.log(prior / (1 - prior)))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.net(h).squeeze(-1)   # (...,)
+        return self.net(h).squeeze(-1)  # (...,)

@@ -35,17 +35,27 @@ from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes, Mask
 from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
-from electralab.objectives.common import (Objective, Output, accuracy, grad_reverse, gumbel_noise, mlm_loss,
-                                          replace_masked, replaced_prior, rtd, sized)
+from electralab.objectives.common import (
+    Objective,
+    Output,
+    accuracy,
+    grad_reverse,
+    gumbel_noise,
+    mlm_loss,
+    replace_masked,
+    replaced_prior,
+    rtd,
+    sized,
+)
 
 
 @dataclass(frozen=True)
 class Settings:
     # 15% (App. B); the authors' fairseq code, as COCO-LM App. D: 80/10/10, [CLS]/[SEP] maskable (RoBERTa)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
-    generator_layers: int | None = bounded(None, lo=1, hi=128)   # None: the preset's (8)
-    exits: tuple[int, ...] = (4, 6, 8)          # MLM heads' layers (Sec. 4; Table 9: (4,8), (2,4,6,8), 1..8)
-    stop_gradient: bool = True                  # between blocks; False = Table 2 "- stop grad."
+    generator_layers: int | None = bounded(None, lo=1, hi=128)  # None: the preset's (8)
+    exits: tuple[int, ...] = (4, 6, 8)  # MLM heads' layers (Sec. 4; Table 9: (4,8), (2,4,6,8), 1..8)
+    stop_gradient: bool = True  # between blocks; False = Table 2 "- stop grad."
     # How exits are combined: "adversarial" (AMOS); "uniform" ("- adv. train"); "random_layer" (one
     # exit per masked position, uniformly); "layer_switch" (4 -> 6 -> 8 at 1/3 and 2/3 of training);
     # "fixed" (constant weights, e.g. a finished AMOS run's: Table 8 "w. final mix weights").
@@ -58,9 +68,9 @@ class Settings:
     # Separate generators of these depths instead of one multi-exit generator
     # (Table 2 "w. separate MLM gen." = [4, 6, 8]; Table 8 "w. three 4-layer gen." = [4, 4, 4]).
     separate_generators: tuple[int, ...] | None = None
-    gumbel_temperature: float = bounded(0.3, lo=1e-4)     # tau (App. B)
-    rtd_weight: float = bounded(50.0, lo=0.0)             # lambda (App. B)
-    generator_dropout: float = bounded(0.0, lo=0.0, hi=1.0)   # "we disable dropout in the generator"
+    gumbel_temperature: float = bounded(0.3, lo=1e-4)  # tau (App. B)
+    rtd_weight: float = bounded(50.0, lo=0.0)  # lambda (App. B)
+    generator_dropout: float = bounded(0.0, lo=0.0, hi=1.0)  # "we disable dropout in the generator"
 
     def check(self, where: str) -> None:
         depths = self.separate_generators or self.exits
@@ -68,17 +78,23 @@ class Settings:
             raise ConfigError(f"{where}: exits/separate_generators must be positive layer numbers, got {list(depths)}")
         if self.separate_generators is None and list(self.exits) != sorted(set(self.exits)):
             raise ConfigError(f"{where}.exits={list(self.exits)}: give distinct layers in increasing order")
-        if self.generator_layers is not None and self.separate_generators is None \
-                and max(self.exits) > self.generator_layers:
-            raise ConfigError(f"{where}.exits={list(self.exits)}: an exit above generator_layers="
-                              f"{self.generator_layers}")
+        if (
+            self.generator_layers is not None
+            and self.separate_generators is None
+            and max(self.exits) > self.generator_layers
+        ):
+            raise ConfigError(
+                f"{where}.exits={list(self.exits)}: an exit above generator_layers={self.generator_layers}"
+            )
         if self.mixture == "fixed" and self.fixed_weights_from is None:
             if self.fixed_weights is None or len(self.fixed_weights) != len(depths):
-                raise ConfigError(f"{where}.fixed_weights: give one weight per exit ({len(depths)}) "
-                                  f"when mixture='fixed'")
+                raise ConfigError(
+                    f"{where}.fixed_weights: give one weight per exit ({len(depths)}) when mixture='fixed'"
+                )
             if any(w < 0 for w in self.fixed_weights) or sum(self.fixed_weights) <= 0:
-                raise ConfigError(f"{where}.fixed_weights={list(self.fixed_weights)}: weights must be "
-                                  f">= 0 with a positive sum")
+                raise ConfigError(
+                    f"{where}.fixed_weights={list(self.fixed_weights)}: weights must be >= 0 with a positive sum"
+                )
 
 
 def read_mixture_weights(path: str, exit_names: list[str]) -> tuple[float, ...]:
@@ -92,8 +108,10 @@ def read_mixture_weights(path: str, exit_names: list[str]) -> tuple[float, ...]:
     keys = [f"mix_weight_{name}" for name in exit_names]
     missing = [k for k in keys if k not in metrics]
     if missing:
-        raise ConfigError(f"fixed_weights_from={path!r} has no {missing[0]!r}: it must be a metrics file "
-                          f"of an AMOS run with the same exits")
+        raise ConfigError(
+            f"fixed_weights_from={path!r} has no {missing[0]!r}: it must be a metrics file "
+            f"of an AMOS run with the same exits"
+        )
     return tuple(float(metrics[k]) for k in keys)
 
 
@@ -111,21 +129,22 @@ class Amos(Objective):
                 raise ConfigError(f"amos exits={list(s.exits)} exceed the generator's {layers} layers")
             cfg = sized(model, GeneratorSize(layers=layers), **no_dropout)
             self.generators = nn.ModuleList([Encoder(cfg, self.tokens)])
-            self.heads = nn.ModuleList([self._head(cfg)])                # one head shared by the exits
+            self.heads = nn.ModuleList([self._head(cfg)])  # one head shared by the exits
             self.exit_names = [f"exit{d}" for d in s.exits]
         else:
             cfgs = [sized(model, GeneratorSize(layers=d), **no_dropout) for d in s.separate_generators]
             self.generators = nn.ModuleList([Encoder(c, self.tokens) for c in cfgs])
-            self.heads = nn.ModuleList([self._head(c) for c in cfgs])   # separate generators, own heads
+            self.heads = nn.ModuleList([self._head(c) for c in cfgs])  # separate generators, own heads
             self.exit_names = [f"gen{i}" for i in range(1, len(cfgs) + 1)]
         self.fixed_weights = s.fixed_weights
         if s.mixture == "fixed" and s.fixed_weights_from is not None:
             self.fixed_weights = read_mixture_weights(s.fixed_weights_from, self.exit_names)
-        if s.mixture == "adversarial":   # v of Eq. 3 (zeros: the mixture starts uniform)
+        if s.mixture == "adversarial":  # v of Eq. 3 (zeros: the mixture starts uniform)
             self.mixture_v = nn.Parameter(torch.zeros(model.hidden))
         self.discriminator = Encoder(model, self.tokens)
-        self.rtd_head = BinaryHead(model.hidden, "linear", model.initializer_range,
-                                   prior=replaced_prior(model, s.masking))
+        self.rtd_head = BinaryHead(
+            model.hidden, "linear", model.initializer_range, prior=replaced_prior(model, s.masking)
+        )
 
     def _head(self, cfg: EncoderConfig) -> LMHead:
         return LMHead(cfg.hidden, self.tokens, projection=True, eps=cfg.layer_norm_eps, std=cfg.initializer_range)
@@ -154,46 +173,50 @@ class Amos(Objective):
             return f.new_full((M, K), 1.0 / K)
         if s.mixture == "random_layer":
             return F.one_hot(torch.randint(K, (M,), device=f.device), K).to(f.dtype)
-        if s.mixture == "layer_switch":    # shallow -> deep at equal thirds (AMOS Sec. 5.1)
+        if s.mixture == "layer_switch":  # shallow -> deep at equal thirds (AMOS Sec. 5.1)
             return F.one_hot(torch.full((M,), min(int(progress * K), K - 1), device=f.device), K).to(f.dtype)
         w = torch.tensor(self.fixed_weights, dtype=f.dtype, device=f.device)
         return (w / w.sum()).expand(M, K)
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
         s = self.settings
-        targets = batch.input_ids[batch.mlm_mask]                         # (M,)
+        targets = batch.input_ids[batch.mlm_mask]  # (M,)
         f, h, heads = self.exits(batch)
-        logits = [head.logits(x) for head, x in zip(heads, h)]            # K x (M, V)
+        logits = [head.logits(x) for head, x in zip(heads, h)]  # K x (M, V)
         metrics: dict[str, torch.Tensor] = {}
         gen_loss = 0.0
-        for name, lg in zip(self.exit_names, logits):                     # Eq. 2
+        for name, lg in zip(self.exit_names, logits):  # Eq. 2
             loss_d = mlm_loss(lg, targets)
             gen_loss = gen_loss + loss_d
             metrics[f"gen_loss_{name}"] = loss_d.detach()
             metrics[f"gen_acc_{name}"] = accuracy(lg.argmax(-1), targets)
 
-        gamma = self.mixture(torch.stack(f, 1), progress)                 # (M, K)
+        gamma = self.mixture(torch.stack(f, 1), progress)  # (M, K)
         for k, name in enumerate(self.exit_names):
             metrics[f"mix_weight_{name}"] = gamma[:, k].mean().detach()
         adversarial = s.mixture == "adversarial"
         if adversarial:
-            gamma = grad_reverse(gamma)                                   # maximise L_DISC w.r.t. gamma
-        if s.adversarial_mlm_multiplier > 0:    # "+ adv. MLM": h^(d) also gets the reversed gradient
-            mixed = sum(gamma[:, k:k + 1] * F.linear(grad_reverse(x, s.adversarial_mlm_multiplier),
-                                                     self.tokens.weight.detach(), head.bias.detach())
-                        for k, (x, head) in enumerate(zip(h, heads)))
-        else:                                   # h^(d) gets no gradient from the discriminator
+            gamma = grad_reverse(gamma)  # maximise L_DISC w.r.t. gamma
+        if s.adversarial_mlm_multiplier > 0:  # "+ adv. MLM": h^(d) also gets the reversed gradient
+            mixed = sum(
+                gamma[:, k : k + 1]
+                * F.linear(
+                    grad_reverse(x, s.adversarial_mlm_multiplier), self.tokens.weight.detach(), head.bias.detach()
+                )
+                for k, (x, head) in enumerate(zip(h, heads))
+            )
+        else:  # h^(d) gets no gradient from the discriminator
             mixed = torch.einsum("mk,mkv->mv", gamma, torch.stack(logits, 1).detach())
 
         # Gumbel-Softmax over p_MLM(x | h_bar); the hard sample is an exact draw from p_MLM.
         log_p = mixed.float().log_softmax(-1)
         perturbed = log_p + gumbel_noise(log_p)
-        drawn = perturbed.argmax(-1)                                      # (M,)
+        drawn = perturbed.argmax(-1)  # (M,)
         replaced = replace_masked(batch.input_ids, batch.mlm_mask, drawn)
-        token_embeds = self.tokens(replaced)                              # (B, T, E)
+        token_embeds = self.tokens(replaced)  # (B, T, E)
         if adversarial or s.adversarial_mlm_multiplier > 0:
             # Straight-through: forward uses the hard token's embedding, backward the soft sample's.
-            soft = (perturbed / s.gumbel_temperature).softmax(-1)         # (M, V)
+            soft = (perturbed / s.gumbel_temperature).softmax(-1)  # (M, V)
             through = (soft - soft.detach()) @ self.tokens.weight.detach()
             delta = torch.zeros_like(token_embeds)
             delta[batch.mlm_mask] = through.to(delta.dtype)

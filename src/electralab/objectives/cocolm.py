@@ -34,50 +34,60 @@ from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig, boun
 from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
-from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, mlm_loss, random_tokens,
-                                          replace_masked, replaced_prior, sample, sized)
+from electralab.objectives.common import (
+    MaskedLM,
+    Objective,
+    Output,
+    accuracy,
+    mlm_loss,
+    random_tokens,
+    replace_masked,
+    replaced_prior,
+    sample,
+    sized,
+)
 
 
 @dataclass(frozen=True)
 class Settings:
     masking: MaskingConfig = field(default_factory=MaskingConfig)  # 15%, 80/10/10, specials maskable (App. D)
-    copy_weight: float = bounded(50.0, lo=0.0)        # lambda_copy (App. B)
+    copy_weight: float = bounded(50.0, lo=0.0)  # lambda_copy (App. B)
     # Which tokens L_LM covers: "masked" = CLM (positions M); "all_tokens" = All-Token MLM (ELECTRA's
     # variant, Table 3 "All-Token LM Only"); "none" = no LM term (Table 3 "RTD Only", "SCL + RTD").
     lm: Literal["masked", "all_tokens", "none"] = "masked"
-    copy_loss: bool = True          # the binary L_copy term (its absence: "All-Token LM Only")
-    copy_mechanism: bool = True     # p_LM mixes in p_copy; False = "CLM w/o. Copy" (plain softmax)
-    stop_gradient: bool = True      # sg on p_copy inside L_LM; False = "CLM w/o. Stop-grad"
-    scl: bool = True                # sequence contrastive learning
-    scl_temperature: float = bounded(1.0, lo=1e-4)    # tau = 1 (Sec. 3.3, App. B)
-    crop_fraction: float = bounded(0.9, lo=0.05, hi=1.0)   # |X^crop| / |X^orig| (Fig. 4: 0.7 .. 1.0)
+    copy_loss: bool = True  # the binary L_copy term (its absence: "All-Token LM Only")
+    copy_mechanism: bool = True  # p_LM mixes in p_copy; False = "CLM w/o. Copy" (plain softmax)
+    stop_gradient: bool = True  # sg on p_copy inside L_LM; False = "CLM w/o. Stop-grad"
+    scl: bool = True  # sequence contrastive learning
+    scl_temperature: float = bounded(1.0, lo=1e-4)  # tau = 1 (Sec. 3.3, App. B)
+    crop_fraction: float = bounded(0.9, lo=0.05, hi=1.0)  # |X^crop| / |X^orig| (Fig. 4: 0.7 .. 1.0)
     # "shallow": COCO-LM's (4 layers base, 6 large, full width); "electra": ELECTRA's generator (same
     # depth, 1/3 width); "random": uniform random replacements, no auxiliary; "converged": a frozen
     # auxiliary loaded from `auxiliary_checkpoint` (a finished run's), trained no further.
     auxiliary: Literal["shallow", "electra", "random", "converged"] = "shallow"
     auxiliary_checkpoint: str | None = None
-    sample_without_dropout: bool = True   # App. D: replacements sampled with the auxiliary in eval mode
+    sample_without_dropout: bool = True  # App. D: replacements sampled with the auxiliary in eval mode
 
     def check(self, where: str) -> None:
         if self.auxiliary == "converged" and not self.auxiliary_checkpoint:
             raise ConfigError(f"{where}.auxiliary_checkpoint: required when auxiliary='converged'")
         if self.lm == "none" and not self.copy_loss and not self.scl:
-            raise ConfigError(f"{where}: lm='none', copy_loss=false and scl=false leave the main model "
-                              f"without a training signal")
+            raise ConfigError(
+                f"{where}: lm='none', copy_loss=false and scl=false leave the main model without a training signal"
+            )
 
 
-def crop(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-         fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+def crop(input_ids: torch.Tensor, attention_mask: torch.Tensor, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
     """X^crop: [CLS] + a random contiguous span of X^orig's tokens after [CLS], `fraction` long.
 
     Sequences of different real lengths crop their own real tokens; the result is right-padded.
     """
     B, T = input_ids.shape
-    content = attention_mask.sum(1) - 1                                 # (B,) real tokens after [CLS]
+    content = attention_mask.sum(1) - 1  # (B,) real tokens after [CLS]
     keep = torch.clamp(torch.round(content.float() * fraction).long(), min=1)
     start = 1 + (torch.rand(B, device=input_ids.device) * (content - keep + 1).float()).long()
     offsets = torch.arange(int(keep.max()), device=input_ids.device)
-    valid = offsets[None, :] < keep[:, None]                            # (B, L)
+    valid = offsets[None, :] < keep[:, None]  # (B, L)
     index = (start[:, None] + offsets[None, :]).clamp(max=T - 1)
     span = input_ids.gather(1, index).masked_fill(~valid, PAD_ID)
     cls = torch.full((B, 1), CLS_ID, dtype=input_ids.dtype, device=input_ids.device)
@@ -85,13 +95,12 @@ def crop(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return torch.cat([cls, span], 1), torch.cat([ones, valid], 1)
 
 
-def scl_loss(s: torch.Tensor, s_pos: torch.Tensor,
-             temperature: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def scl_loss(s: torch.Tensor, s_pos: torch.Tensor, temperature: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Eq. 3, symmetric: each of the 2N sequences is an anchor; its pair is the positive, the
     other 2N-2 are negatives. Returns the mean loss and the mean positive/negative cosines (Fig. 7a)."""
     N = s.shape[0]
-    z = F.normalize(torch.cat([s, s_pos]).float(), dim=-1)             # (2N, H)
-    cos = z @ z.T                                                       # (2N, 2N)
+    z = F.normalize(torch.cat([s, s_pos]).float(), dim=-1)  # (2N, H)
+    cos = z @ z.T  # (2N, 2N)
     self_pair = torch.eye(2 * N, dtype=torch.bool, device=s.device)
     logits = (cos / temperature).masked_fill(self_pair, float("-inf"))
     positive = torch.cat([torch.arange(N, 2 * N), torch.arange(0, N)]).to(s.device)
@@ -99,14 +108,17 @@ def scl_loss(s: torch.Tensor, s_pos: torch.Tensor,
     is_positive = torch.zeros_like(self_pair)
     is_positive[torch.arange(2 * N, device=s.device), positive] = True
     negative = ~(is_positive | self_pair)
-    metrics = {"scl_loss": loss.detach(), "scl_pos_cos": cos[is_positive].mean().detach(),
-               "scl_neg_cos": cos[negative].mean().detach() if negative.any()
-               else torch.tensor(float("nan"), device=s.device)}
+    metrics = {
+        "scl_loss": loss.detach(),
+        "scl_pos_cos": cos[is_positive].mean().detach(),
+        "scl_neg_cos": cos[negative].mean().detach() if negative.any() else torch.tensor(float("nan"), device=s.device),
+    }
     return loss, metrics
 
 
-def lm_log_prob(lm_logits: torch.Tensor, copy_logit: torch.Tensor | None, inputs: torch.Tensor,
-                targets: torch.Tensor) -> torch.Tensor:
+def lm_log_prob(
+    lm_logits: torch.Tensor, copy_logit: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
     """log p_LM(target | h) per row; copy_logit=None means no copy mechanism (plain softmax)."""
     log_vocab = lm_logits.float().log_softmax(-1).gather(1, targets[:, None]).squeeze(1)
     if copy_logit is None:
@@ -142,25 +154,29 @@ class CocoLM(Objective):
             self.auxiliary = MaskedLM(sized(model, generators.electra), self.tokens)
         elif s.auxiliary == "converged":
             # Its own frozen copy of the token table: sharing the live one would keep changing it.
-            self.auxiliary = MaskedLM(sized(model, generators.cocolm),
-                                      make_token_embedding(vocab_size, model.embedding))
+            self.auxiliary = MaskedLM(
+                sized(model, generators.cocolm), make_token_embedding(vocab_size, model.embedding)
+            )
             self._load_converged(Path(s.auxiliary_checkpoint))
         else:
             self.auxiliary = None
         self.main = Encoder(model, self.tokens)
-        self.clm_head = LMHead(model.hidden, self.tokens, projection=False, eps=model.layer_norm_eps,
-                               std=model.initializer_range)
-        replaced = replaced_prior(model, s.masking)   # the copy head's positive label is "original"
-        self.copy_head = BinaryHead(model.hidden, "linear", model.initializer_range,
-                                    prior=None if replaced is None else 1 - replaced)
+        self.clm_head = LMHead(
+            model.hidden, self.tokens, projection=False, eps=model.layer_norm_eps, std=model.initializer_range
+        )
+        replaced = replaced_prior(model, s.masking)  # the copy head's positive label is "original"
+        self.copy_head = BinaryHead(
+            model.hidden, "linear", model.initializer_range, prior=None if replaced is None else 1 - replaced
+        )
 
     def _load_converged(self, path: Path) -> None:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
             self.auxiliary.load_state_dict(state)
         except FileNotFoundError:
-            raise ConfigError(f"auxiliary_checkpoint={str(path)!r}: no such file (train the run that "
-                              f"produces it first)") from None
+            raise ConfigError(
+                f"auxiliary_checkpoint={str(path)!r}: no such file (train the run that produces it first)"
+            ) from None
         except RuntimeError as e:
             raise ConfigError(f"auxiliary_checkpoint={str(path)!r} does not fit this auxiliary: {e}") from None
         self.auxiliary.requires_grad_(False)
@@ -168,26 +184,29 @@ class CocoLM(Objective):
     def train(self, mode: bool = True) -> "CocoLM":
         super().train(mode)
         if self.settings.auxiliary == "converged":
-            self.auxiliary.eval()   # frozen: always in inference mode
+            self.auxiliary.eval()  # frozen: always in inference mode
         return self
 
     def corrupt(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """X^MLM (Eq. 1) and the auxiliary's MLM loss."""
         targets = batch.input_ids[batch.mlm_mask]
         s, aux = self.settings, self.auxiliary
-        if aux is None:   # Table 3 "w. Random Replacements"
+        if aux is None:  # Table 3 "w. Random Replacements"
             drawn = random_tokens(targets.numel(), self.vocab_size, targets.device)
             return replace_masked(batch.input_ids, batch.mlm_mask, drawn), targets.float().sum() * 0, {}
         if s.auxiliary == "converged":
             with torch.no_grad():
                 logits = aux(batch)
-            return replace_masked(batch.input_ids, batch.mlm_mask, sample(logits)), logits.sum() * 0, {
-                "aux_acc": accuracy(logits.argmax(-1), targets)}
-        logits = aux(batch)                                               # (M, V), dropout on
+            return (
+                replace_masked(batch.input_ids, batch.mlm_mask, sample(logits)),
+                logits.sum() * 0,
+                {"aux_acc": accuracy(logits.argmax(-1), targets)},
+            )
+        logits = aux(batch)  # (M, V), dropout on
         loss = mlm_loss(logits, targets)
         sampling_logits = logits
         if s.sample_without_dropout and aux.training:
-            with torch.no_grad():                                         # App. D: inference mode
+            with torch.no_grad():  # App. D: inference mode
                 aux.eval()
                 sampling_logits = aux(batch)
                 aux.train()
@@ -197,13 +216,13 @@ class CocoLM(Objective):
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
         s = self.settings
         x_mlm, aux_loss, metrics = self.corrupt(batch)
-        is_original = x_mlm == batch.input_ids                            # (B, T)
+        is_original = x_mlm == batch.input_ids  # (B, T)
         real = batch.attention_mask
-        hidden = self.main(x_mlm, real)[-1]                               # (B, T, H)
-        copy_logit = self.copy_head(hidden)                               # (B, T): logit of p_copy(1|h)
+        hidden = self.main(x_mlm, real)[-1]  # (B, T, H)
+        copy_logit = self.copy_head(hidden)  # (B, T): logit of p_copy(1|h)
         loss = aux_loss
 
-        if s.copy_loss:                                                   # Eq. 2
+        if s.copy_loss:  # Eq. 2
             copy_loss = F.binary_cross_entropy_with_logits(copy_logit[real].float(), is_original[real].float())
             loss = loss + s.copy_weight * copy_loss
             metrics["copy_loss"] = copy_loss.detach()
@@ -217,7 +236,7 @@ class CocoLM(Objective):
             c = copy_logit[where] if s.copy_mechanism else None
             if c is not None and s.stop_gradient:
                 c = c.detach()
-            lm_logits = self.clm_head(hidden[where])                      # (N, V)
+            lm_logits = self.clm_head(hidden[where])  # (N, V)
             lm_loss = -lm_log_prob(lm_logits, c, x_mlm[where], batch.input_ids[where]).mean()
             loss = loss + lm_loss
             metrics["lm_loss"] = lm_loss.detach()
@@ -225,7 +244,7 @@ class CocoLM(Objective):
 
         if s.scl:
             x_crop, crop_mask = crop(batch.input_ids, real, s.crop_fraction)
-            s_crop = self.main(x_crop, crop_mask)[-1][:, 0]               # [CLS] of X^crop
+            s_crop = self.main(x_crop, crop_mask)[-1][:, 0]  # [CLS] of X^crop
             scl, scl_metrics = scl_loss(hidden[:, 0], s_crop, s.scl_temperature)
             loss = loss + scl
             metrics.update(scl_metrics)

@@ -18,6 +18,7 @@ from electralab.model.heads import LMHead
 @dataclass
 class Output:
     """What every objective returns: the loss to minimise and named diagnostics (detached scalars)."""
+
     loss: torch.Tensor
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -26,7 +27,7 @@ class Objective(nn.Module):
     """A pretraining method: forward(batch, progress) -> Output; main_encoder() is what we export."""
 
     Settings: type
-    trains = True   # False: the no-pretraining control (objectives/none.py), exported as initialised
+    trains = True  # False: the no-pretraining control (objectives/none.py), exported as initialised
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -53,12 +54,11 @@ class MaskedLM(nn.Module):
     def __init__(self, cfg: EncoderConfig, tokens: nn.Embedding, *, projection: bool = True, **encoder_kwargs):
         super().__init__()
         self.encoder = Encoder(cfg, tokens, **encoder_kwargs)
-        self.head = LMHead(cfg.hidden, tokens, projection=projection, eps=cfg.layer_norm_eps,
-                           std=cfg.initializer_range)
+        self.head = LMHead(cfg.hidden, tokens, projection=projection, eps=cfg.layer_norm_eps, std=cfg.initializer_range)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         hidden = self.encoder(batch.masked_ids, batch.attention_mask)
-        return self.head(hidden[-1][batch.mlm_mask])   # (M, V)
+        return self.head(hidden[-1][batch.mlm_mask])  # (M, V)
 
 
 def gumbel_noise(like: torch.Tensor) -> torch.Tensor:
@@ -70,7 +70,7 @@ def sample(logits: torch.Tensor) -> torch.Tensor:
     """One token per row from softmax(logits), no gradient: an exact categorical draw by inverting the
     CDF (one uniform number per row: 4x cheaper on CPU than Gumbel-max's one per vocabulary entry)."""
     with torch.no_grad():
-        cdf = logits.float().softmax(-1).cumsum(-1)                       # (M, V)
+        cdf = logits.float().softmax(-1).cumsum(-1)  # (M, V)
         u = torch.rand(cdf.shape[0], 1, device=cdf.device) * cdf[:, -1:]
         # Row i of the draw is the first entry whose cdf exceeds u: P(token j) = p_j exactly.
         return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)
@@ -113,7 +113,7 @@ def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def accuracy(pred: torch.Tensor, target: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
     """Mean of pred == target over `where` (NaN when empty: 'no such tokens in this batch')."""
-    hit = (pred == target)
+    hit = pred == target
     if where is not None:
         hit = hit[where]
     return hit.float().mean() if hit.numel() else torch.tensor(float("nan"), device=pred.device)
@@ -128,8 +128,9 @@ def replaced_prior(model: EncoderConfig, masking: MaskingConfig) -> float | None
     return masking.mask_prob * (masking.mask_token_prob + masking.random_token_prob)
 
 
-def rtd(logits: torch.Tensor, is_replaced: torch.Tensor, attention_mask: torch.Tensor,
-        prefix: str = "rtd") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def rtd(
+    logits: torch.Tensor, is_replaced: torch.Tensor, attention_mask: torch.Tensor, prefix: str = "rtd"
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Replaced token detection: BCE on every real token; logit > 0 means "replaced".
 
     Returns the mean loss and the diagnostics the papers plot: accuracy on replaced and on

@@ -19,8 +19,18 @@ from electralab.batch import Batch
 from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig, bounded
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead
-from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, mlm_loss, replace_masked,
-                                          replaced_prior, rtd, sample, sized)
+from electralab.objectives.common import (
+    MaskedLM,
+    Objective,
+    Output,
+    accuracy,
+    mlm_loss,
+    replace_masked,
+    replaced_prior,
+    rtd,
+    sample,
+    sized,
+)
 
 
 def _electra_masking() -> MaskingConfig:
@@ -32,8 +42,8 @@ def _electra_masking() -> MaskingConfig:
 @dataclass(frozen=True)
 class Settings:
     masking: MaskingConfig = field(default_factory=_electra_masking)
-    rtd_weight: float = bounded(50.0, lo=0.0)     # lambda (ELECTRA Sec. 3.2)
-    rtd_head: Literal["mlp", "linear"] = "mlp"   # ELECTRA's released head: dense -> GELU -> dense
+    rtd_weight: float = bounded(50.0, lo=0.0)  # lambda (ELECTRA Sec. 3.2)
+    rtd_head: Literal["mlp", "linear"] = "mlp"  # ELECTRA's released head: dense -> GELU -> dense
 
 
 class Electra(Objective):
@@ -51,15 +61,16 @@ class Electra(Objective):
         # own projection to its hidden size. So the generator uses the discriminator's positions and norm.
         shared, own = self.discriminator.embeddings, self.generator.encoder.embeddings
         own.positions, own.norm = shared.positions, shared.norm
-        self.rtd_head = BinaryHead(model.hidden, settings.rtd_head, model.initializer_range,
-                                   prior=replaced_prior(model, settings.masking))
+        self.rtd_head = BinaryHead(
+            model.hidden, settings.rtd_head, model.initializer_range, prior=replaced_prior(model, settings.masking)
+        )
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
-        logits = self.generator(batch)                                  # (M, V)
-        targets = batch.input_ids[batch.mlm_mask]                       # (M,)
+        logits = self.generator(batch)  # (M, V)
+        targets = batch.input_ids[batch.mlm_mask]  # (M,)
         gen_loss = mlm_loss(logits, targets)
         replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(logits))
-        is_replaced = replaced != batch.input_ids                       # a lucky sample is "original"
+        is_replaced = replaced != batch.input_ids  # a lucky sample is "original"
         hidden = self.discriminator(replaced, batch.attention_mask)[-1]
         rtd_loss, metrics = rtd(self.rtd_head(hidden), is_replaced, batch.attention_mask)
         loss = gen_loss + self.settings.rtd_weight * rtd_loss

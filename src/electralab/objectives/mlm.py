@@ -19,7 +19,7 @@ from electralab.objectives.common import MaskedLM, Objective, Output, accuracy, 
 
 @dataclass(frozen=True)
 class Settings:
-    masking: MaskingConfig = field(default_factory=MaskingConfig)   # RoBERTa: 15%, 80/10/10, specials maskable
+    masking: MaskingConfig = field(default_factory=MaskingConfig)  # RoBERTa: 15%, 80/10/10, specials maskable
 
 
 class MLM(Objective):
@@ -32,8 +32,8 @@ class MLM(Objective):
         self.mlm = MaskedLM(model, self.tokens)
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
-        logits = self.mlm(batch)                               # (M, V)
-        targets = batch.input_ids[batch.mlm_mask]              # (M,)
+        logits = self.mlm(batch)  # (M, V)
+        targets = batch.input_ids[batch.mlm_mask]  # (M,)
         loss = mlm_loss(logits, targets)
         return Output(loss, {"mlm_loss": loss.detach(), "mlm_acc": accuracy(logits.argmax(-1), targets)})
 

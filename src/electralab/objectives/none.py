@@ -19,12 +19,12 @@ from electralab.objectives.common import Objective, Output
 
 @dataclass(frozen=True)
 class Settings:
-    masking: MaskingConfig = field(default_factory=MaskingConfig)   # unused: nothing is masked or trained
+    masking: MaskingConfig = field(default_factory=MaskingConfig)  # unused: nothing is masked or trained
 
 
 class NoPretraining(Objective):
     Settings = Settings
-    trains = False   # the loop exports the initial encoder and takes no step
+    trains = False  # the loop exports the initial encoder and takes no step
 
     def __init__(self, model: EncoderConfig, generators: GeneratorSizes, vocab_size: int, settings: Settings):
         super().__init__()

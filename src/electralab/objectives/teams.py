@@ -31,8 +31,19 @@ from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes, Mask
 from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, TransformerLayer, init_weights, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
-from electralab.objectives.common import (MaskedLM, Objective, Output, accuracy, gumbel_noise, mlm_loss,
-                                          replace_masked, replaced_prior, rtd, sample, sized)
+from electralab.objectives.common import (
+    MaskedLM,
+    Objective,
+    Output,
+    accuracy,
+    gumbel_noise,
+    mlm_loss,
+    replace_masked,
+    replaced_prior,
+    rtd,
+    sample,
+    sized,
+)
 
 
 def _teams_masking() -> MaskingConfig:
@@ -48,30 +59,37 @@ class Settings:
     # Generator layers that are the discriminator's own bottom layers. None = half the generator's
     # (TEAMS); 0 = Table 4 "No Tie"; = generator_layers: Table 4 "Full Tie".
     tied_layers: int | None = bounded(None, lo=0, hi=128)
-    candidates: int = bounded(5, lo=1, hi=10_000)                # K (Sec. 4.1; Fig. 5: 1, 3, 5, 10, 50)
-    candidate_sampling: Literal["sampled", "hardest"] = "sampled"   # Fig. 5
+    candidates: int = bounded(5, lo=1, hi=10_000)  # K (Sec. 4.1; Fig. 5: 1, 3, 5, 10, 50)
+    candidate_sampling: Literal["sampled", "hardest"] = "sampled"  # Fig. 5
     # "attention": a Transformer layer per task (TEAMS); "ffn": per-token feed-forward heads on the
     # last layer (Table 3 "Use FFN task heads").
     task_heads: Literal["attention", "ffn"] = "attention"
-    heads_on_top: bool = False      # both task layers on layer L (Table 3 "Add task head on 12th layer")
-    export: Literal["mws", "rtd"] = "mws"   # which branch is fine-tuned (Table 3 "Use RTD task head outputs")
+    heads_on_top: bool = False  # both task layers on layer L (Table 3 "Add task head on 12th layer")
+    export: Literal["mws", "rtd"] = "mws"  # which branch is fine-tuned (Table 3 "Use RTD task head outputs")
     mlm_weight: float = bounded(1.0, lo=0.0)
-    rtd_weight: float = bounded(5.0, lo=0.0)      # lambda_1 (App. B); 0 = Table 2 "Only MWS"
-    mws_weight: float = bounded(2.0, lo=0.0)      # lambda_2 (App. B); 0 = Table 2 "Only RTD"
+    rtd_weight: float = bounded(5.0, lo=0.0)  # lambda_1 (App. B); 0 = Table 2 "Only MWS"
+    mws_weight: float = bounded(2.0, lo=0.0)  # lambda_2 (App. B); 0 = Table 2 "Only RTD"
 
     def check(self, where: str) -> None:
         if self.rtd_weight == 0 and self.mws_weight == 0:
             raise ConfigError(f"{where}: rtd_weight and mws_weight are both 0: the discriminator has no task")
         if self.task_heads == "ffn" and (self.heads_on_top or self.export == "rtd"):
-            raise ConfigError(f"{where}: task_heads='ffn' has no separate task layers: heads_on_top and "
-                              f"export='rtd' need task_heads='attention'")
+            raise ConfigError(
+                f"{where}: task_heads='ffn' has no separate task layers: heads_on_top and "
+                f"export='rtd' need task_heads='attention'"
+            )
         if self.mws_weight == 0 and self.export == "mws" and self.task_heads == "attention":
-            raise ConfigError(f"{where}: mws_weight=0 trains no MWS branch; set export='rtd' to fine-tune "
-                              f"the RTD branch")
-        if self.generator_layers is not None and self.tied_layers is not None \
-                and self.tied_layers > self.generator_layers:
-            raise ConfigError(f"{where}.tied_layers={self.tied_layers} exceeds generator_layers="
-                              f"{self.generator_layers}")
+            raise ConfigError(
+                f"{where}: mws_weight=0 trains no MWS branch; set export='rtd' to fine-tune the RTD branch"
+            )
+        if (
+            self.generator_layers is not None
+            and self.tied_layers is not None
+            and self.tied_layers > self.generator_layers
+        ):
+            raise ConfigError(
+                f"{where}.tied_layers={self.tied_layers} exceeds generator_layers={self.generator_layers}"
+            )
 
 
 def draw_candidates(logits: torch.Tensor, original: torch.Tensor, k: int, how: str) -> torch.Tensor:
@@ -81,7 +99,7 @@ def draw_candidates(logits: torch.Tensor, original: torch.Tensor, k: int, how: s
         scores = logits.float()
         if how == "sampled":
             scores = scores + gumbel_noise(scores)
-        scores = scores.scatter(1, original[:, None], float("-inf"))      # never the original
+        scores = scores.scatter(1, original[:, None], float("-inf"))  # never the original
         return scores.topk(k, dim=-1).indices
 
 
@@ -97,16 +115,24 @@ class Teams(Objective):
         layers = s.generator_layers or generators.teams.layers or max(model.layers // 2, 1)
         tied = layers // 2 if s.tied_layers is None else s.tied_layers
         if tied > min(layers, model.layers):
-            raise ConfigError(f"teams tied_layers={tied} exceeds the generator's {layers} or the "
-                              f"discriminator's {model.layers} layers")
+            raise ConfigError(
+                f"teams tied_layers={tied} exceeds the generator's {layers} or the "
+                f"discriminator's {model.layers} layers"
+            )
         d = self.discriminator
-        self.generator = MaskedLM(sized(model, GeneratorSize(layers=layers)), self.tokens,
-                                  embeddings=d.embeddings, relative_bias=d.relative_bias,
-                                  shared_layers=d.layers[:tied])
+        self.generator = MaskedLM(
+            sized(model, GeneratorSize(layers=layers)),
+            self.tokens,
+            embeddings=d.embeddings,
+            relative_bias=d.relative_bias,
+            shared_layers=d.layers[:tied],
+        )
         self.tied_layers = tied
-        if s.mws_weight > 0 and s.candidates > vocab_size - 1:   # K distinct non-original tokens must exist
-            raise ConfigError(f"teams candidates={s.candidates} exceeds the {vocab_size - 1} non-original "
-                              f"tokens of a {vocab_size}-token vocabulary")
+        if s.mws_weight > 0 and s.candidates > vocab_size - 1:  # K distinct non-original tokens must exist
+            raise ConfigError(
+                f"teams candidates={s.candidates} exceeds the {vocab_size - 1} non-original "
+                f"tokens of a {vocab_size}-token vocabulary"
+            )
         # Task heads (built only for the tasks that train, so every Parameter gets a gradient).
         self.rtd_layer: TransformerLayer | None = None
         self.mws_layer: TransformerLayer | None = None
@@ -117,16 +143,26 @@ class Teams(Objective):
             if s.task_heads == "attention" and (s.mws_weight > 0 or s.heads_on_top):
                 self.rtd_layer = self._layer(model)
             # Eq. 6 is sigmoid(w^T h) on an attention head; the FFN ablation uses ELECTRA's MLP head.
-            self.rtd_head = BinaryHead(model.hidden, "linear" if s.task_heads == "attention" else "mlp",
-                                       model.initializer_range, prior=replaced_prior(model, s.masking))
+            self.rtd_head = BinaryHead(
+                model.hidden,
+                "linear" if s.task_heads == "attention" else "mlp",
+                model.initializer_range,
+                prior=replaced_prior(model, s.masking),
+            )
         if s.mws_weight > 0:
             if s.heads_on_top:
                 self.mws_layer = self._layer(model)
             # MWS scores candidates by e(x)^T z, dot products with their (shared) embeddings and no
             # output bias (Eq. 7; the authors' released head too); the transform (dense -> GELU ->
             # LayerNorm) maps h to the embedding size (needed when they differ: 256 vs 128 in TEAMS-Small).
-            self.mws_head = LMHead(model.hidden, self.tokens, projection=True, bias=False,
-                                   eps=model.layer_norm_eps, std=model.initializer_range)
+            self.mws_head = LMHead(
+                model.hidden,
+                self.tokens,
+                projection=True,
+                bias=False,
+                eps=model.layer_norm_eps,
+                std=model.initializer_range,
+            )
 
     @staticmethod
     def _layer(model: EncoderConfig) -> TransformerLayer:
@@ -147,8 +183,8 @@ class Teams(Objective):
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
         s = self.settings
-        targets = batch.input_ids[batch.mlm_mask]                         # (M,)
-        gen_logits = self.generator(batch)                                # (M, V)
+        targets = batch.input_ids[batch.mlm_mask]  # (M,)
+        gen_logits = self.generator(batch)  # (M, V)
         gen_loss = mlm_loss(gen_logits, targets)
         replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(gen_logits))
         hidden = self.discriminator(replaced, batch.attention_mask)
@@ -160,11 +196,11 @@ class Teams(Objective):
             rtd_loss, rtd_metrics = rtd(self.rtd_head(h_rtd), replaced != batch.input_ids, batch.attention_mask)
             loss = loss + s.rtd_weight * rtd_loss
             metrics.update(rtd_metrics)
-        if s.mws_weight > 0:                                              # Eq. 7-8
+        if s.mws_weight > 0:  # Eq. 7-8
             negatives = draw_candidates(gen_logits, targets, s.candidates, s.candidate_sampling)
-            candidates = torch.cat([targets[:, None], negatives], 1)      # (M, K+1); the original first
-            z = self.mws_head.project(h_mws[batch.mlm_mask])              # (M, E)
-            scores = torch.einsum("me,mke->mk", z, self.tokens(candidates))   # (M, K+1)
+            candidates = torch.cat([targets[:, None], negatives], 1)  # (M, K+1); the original first
+            z = self.mws_head.project(h_mws[batch.mlm_mask])  # (M, E)
+            scores = torch.einsum("me,mke->mk", z, self.tokens(candidates))  # (M, K+1)
             zero = torch.zeros_like(targets)
             mws_loss = F.cross_entropy(scores.float(), zero) if targets.numel() else scores.sum() * 0
             loss = loss + s.mws_weight * mws_loss
@@ -174,7 +210,7 @@ class Teams(Objective):
     def main_encoder(self) -> Encoder:
         d, s = self.discriminator, self.settings
         task_layer = self.rtd_layer if s.export == "rtd" else self.mws_layer
-        if task_layer is None:                      # the exported branch is the main stack itself
+        if task_layer is None:  # the exported branch is the main stack itself
             return d
-        below = d.layers if s.heads_on_top else d.layers[:-1]   # the RTD layer reads layer L-1
+        below = d.layers if s.heads_on_top else d.layers[:-1]  # the RTD layer reads layer L-1
         return Encoder.from_parts(self.model_cfg, d.embeddings, d.relative_bias, [*below, task_layer])

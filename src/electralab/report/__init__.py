@@ -31,8 +31,18 @@ import pandas as pd
 from electralab import tracking
 from electralab.io import atomic_dir
 from electralab.report import figures as F
-from electralab.report.build import (BuiltTable, Results, WorkspaceState, build_tables, cell_lookup, check_preset,
-                                     check_specs, fetch_results, glue_average, metric_history)
+from electralab.report.build import (
+    BuiltTable,
+    Results,
+    WorkspaceState,
+    build_tables,
+    cell_lookup,
+    check_preset,
+    check_specs,
+    fetch_results,
+    glue_average,
+    metric_history,
+)
 from electralab.report.claims import HOLDS, NOISE, REVERSED, check_claims
 from electralab.report.render import claims_details, claims_markdown, page_html, table_html, to_csv, to_markdown
 from electralab.report.why import explain, missing_reasons
@@ -42,9 +52,10 @@ from electralab.tables import CONTROL_RUN, FIGURES, GLUE_AVG_PARTS, SQUAD2, TABL
 @dataclass(frozen=True)
 class Sources:
     """What the report reads besides MLflow, and how to describe the preset's data."""
-    note: str = ""                        # the preset's data and model, printed under every table title
-    stsb_dev: Path | None = None          # $ELECTRALAB_DATA/glue/STS-B/dev.tsv (Fig. 1/5 similar pairs)
-    corpus_files: tuple[Path, ...] = ()   # corpus paragraphs (Fig. 1/5 random pairs)
+
+    note: str = ""  # the preset's data and model, printed under every table title
+    stsb_dev: Path | None = None  # $ELECTRALAB_DATA/glue/STS-B/dev.tsv (Fig. 1/5 similar pairs)
+    corpus_files: tuple[Path, ...] = ()  # corpus paragraphs (Fig. 1/5 random pairs)
     random_pairs: int = 200
     # task -> why its dev results can never exist with this data (e.g. QQP: no dev split in the offline mirror):
     # the tables' footnotes say so, and figure panels that need it (GLUE AVG) are left out.
@@ -57,15 +68,18 @@ class Sources:
 
 
 def stem(key: str) -> str:
-    """"coco-lm/table3" -> "coco-lm_table3" (file names)."""
+    """ "coco-lm/table3" -> "coco-lm_table3" (file names)."""
     return key.replace("/", "_")
 
 
 # --- figures -----------------------------------------------------------------------------------------
 
-HISTORY_METRICS = sorted({m for series in F.SCL_SERIES.values() for _, m, _ in series}
-                         | {m for _, m in F.COPY_CLM_PANELS} | {m for _, m, _ in F.MIX_SERIES}
-                         | {"rtd_acc_replaced", "wall_hours"})
+HISTORY_METRICS = sorted(
+    {m for series in F.SCL_SERIES.values() for _, m, _ in series}
+    | {m for _, m in F.COPY_CLM_PANELS}
+    | {m for _, m, _ in F.MIX_SERIES}
+    | {"rtd_acc_replaced", "wall_hours"}
+)
 
 
 def cosines(results: Results, sources: Sources) -> pd.DataFrame:
@@ -78,8 +92,10 @@ def cosines(results: Results, sources: Sources) -> pd.DataFrame:
     from electralab.export import load_encoder
 
     frame = pd.DataFrame(columns=["run", "pairs", "cosine"])
-    pairs = {"random": F.corpus_pairs(sources.corpus_files, sources.random_pairs),
-             "similar": F.read_stsb_similar(sources.stsb_dev) if sources.stsb_dev and sources.stsb_dev.exists() else []}
+    pairs = {
+        "random": F.corpus_pairs(sources.corpus_files, sources.random_pairs),
+        "similar": F.read_stsb_similar(sources.stsb_dev) if sources.stsb_dev and sources.stsb_dev.exists() else [],
+    }
     if not pairs["random"] and not pairs["similar"]:
         return frame
     ids = dict(zip(results.pretrain["run"], results.pretrain["run_id"]))
@@ -89,11 +105,14 @@ def cosines(results: Results, sources: Sources) -> pd.DataFrame:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                encoder_dir = Path(mlflow.artifacts.download_artifacts(
-                    run_id=ids[run], artifact_path="encoder", dst_path=tmp, tracking_uri=results.tracking_uri))
-            except (MlflowException, OSError):   # no encoder logged (yet): that panel says "no data yet"
+                encoder_dir = Path(
+                    mlflow.artifacts.download_artifacts(
+                        run_id=ids[run], artifact_path="encoder", dst_path=tmp, tracking_uri=results.tracking_uri
+                    )
+                )
+            except (MlflowException, OSError):  # no encoder logged (yet): that panel says "no data yet"
                 continue
-            if not (encoder_dir / TOKENIZER_FILE).exists():   # exported without its vocabulary
+            if not (encoder_dir / TOKENIZER_FILE).exists():  # exported without its vocabulary
                 continue
             encoder, tokenizer = load_encoder(encoder_dir), Tokenizer(encoder_dir)
             for kind, texts in pairs.items():
@@ -105,43 +124,65 @@ def cosines(results: Results, sources: Sources) -> pd.DataFrame:
 def make_figures(results: Results, sources: Sources):
     """Every figure: key -> (matplotlib Figure, its series as a DataFrame for DVC plots or None)."""
     preset = results.preset
-    coco, amos = FIGURES["coco-lm/fig3"], FIGURES["amos/fig4"]   # MNLI against pretraining hours
-    history_runs = sorted({r for s in F.SCL_SERIES.values() for r, _, _ in s} | {r for r, _ in F.COPY_CLM_RUNS}
-                          | {r for r, _, _ in F.CURRICULUM_SERIES} | {r for r, _, _ in F.MIX_SERIES}
-                          | {*coco.runs(), *amos.runs()})
+    coco, amos = FIGURES["coco-lm/fig3"], FIGURES["amos/fig4"]  # MNLI against pretraining hours
+    history_runs = sorted(
+        {r for s in F.SCL_SERIES.values() for r, _, _ in s}
+        | {r for r, _ in F.COPY_CLM_RUNS}
+        | {r for r, _, _ in F.CURRICULUM_SERIES}
+        | {r for r, _, _ in F.MIX_SERIES}
+        | {*coco.runs(), *amos.runs()}
+    )
     history = metric_history(results, history_runs, HISTORY_METRICS)
     scl = [s for series in F.SCL_SERIES.values() for s in series]
     copy_clm = [(run, metric, label) for _, metric in F.COPY_CLM_PANELS for run, label in F.COPY_CLM_RUNS]
-    coco_hours, amos_hours = (F.efficiency_points(results.cells, results.pretrain, history, figure.runs())
-                              for figure in (coco, amos))
+    coco_hours, amos_hours = (
+        F.efficiency_points(results.cells, results.pretrain, history, figure.runs()) for figure in (coco, amos)
+    )
     crop = F.sweep_points(results.cells, FIGURES["coco-lm/fig4"].series, [F.MNLI_M, F.MNLI_MM, F.GLUE_COLUMN])
     depth = F.sweep_points(results.cells, FIGURES["teams/fig4"].series, F.SWEEP_COLUMNS)
     negatives = F.sweep_points(results.cells, FIGURES["teams/fig5"].series, F.SWEEP_COLUMNS)
     lookup = cell_lookup(results.final_cells())
-    reference = F.NEGATIVES_REFERENCE   # ELECTRA at the ablation budget: Fig. 5's reference line
-    electra = {F.GLUE_COLUMN.name: glue_average(lookup, reference),
-               SQUAD2[1].name: lookup.get((reference, SQUAD2[1].task, SQUAD2[1].metric), {}).get("median", math.nan)}
+    reference = F.NEGATIVES_REFERENCE  # ELECTRA at the ablation budget: Fig. 5's reference line
+    electra = {
+        F.GLUE_COLUMN.name: glue_average(lookup, reference),
+        SQUAD2[1].name: lookup.get((reference, SQUAD2[1].task, SQUAD2[1].metric), {}).get("median", math.nan),
+    }
     cos = cosines(results, sources)
     # Panels that can never fill with this data (GLUE AVG without QQP offline) are left out, not drawn empty.
     glue = [] if sources.glue_avg_unavailable() else [F.GLUE_COLUMN]
     crop_columns, sweep_columns = [F.MNLI_M, F.MNLI_MM, *glue], [*glue, SQUAD2[1]]
     return {
         "coco-lm/fig1-5": (F.cosine_figure(cos, preset), None),
-        "coco-lm/fig3": (F.efficiency_figure(coco_hours, coco.subject, coco.series["end points"],
-                                             f"COCO-LM Fig. 3: MNLI dev vs pretraining hours ({preset} preset)"), coco_hours),
+        "coco-lm/fig3": (
+            F.efficiency_figure(
+                coco_hours,
+                coco.subject,
+                coco.series["end points"],
+                f"COCO-LM Fig. 3: MNLI dev vs pretraining hours ({preset} preset)",
+            ),
+            coco_hours,
+        ),
         "coco-lm/fig4": (F.crop_figure(crop, preset, crop_columns), F.sweep_frame(crop)),
         "coco-lm/fig7a": (F.scl_cosine_figure(history, preset), F.history_frame(history, scl)),
         "coco-lm/fig8": (F.copy_clm_figure(history, preset), F.history_frame(history, copy_clm)),
         "amos/fig3a": (F.mix_weights_figure(history, preset), F.history_frame(history, F.MIX_SERIES)),
         "amos/fig3b": (F.curriculum_figure(history, preset), F.history_frame(history, F.CURRICULUM_SERIES)),
-        "amos/fig4": (F.efficiency_figure(amos_hours, amos.subject, amos.series["end points"],
-                                          f"AMOS Fig. 4: MNLI dev vs pretraining hours ({preset} preset)"), amos_hours),
+        "amos/fig4": (
+            F.efficiency_figure(
+                amos_hours,
+                amos.subject,
+                amos.series["end points"],
+                f"AMOS Fig. 4: MNLI dev vs pretraining hours ({preset} preset)",
+            ),
+            amos_hours,
+        ),
         "teams/fig4": (F.generator_depth_figure(depth, preset, sweep_columns), F.sweep_frame(depth)),
         "teams/fig5": (F.negatives_figure(negatives, electra, preset, sweep_columns), F.sweep_frame(negatives)),
     }
 
 
 # --- the report --------------------------------------------------------------------------------------
+
 
 def training_data_note(results: Results) -> str:
     """How many training examples each fine-tuned task used, against its official training set."""
@@ -154,16 +195,25 @@ def training_data_note(results: Results) -> str:
         full = OFFICIAL_TRAIN_SIZES.get(task)
         share = "all" if full and n >= full else f"a subset of {full:,}" if full else ""
         parts.append(f"{task} {int(n):,} ({share})" if share else f"{task} {int(n):,}")
-    return ("Fine-tuning examples per task (a subset is a fixed sample, or all the offline mirror has): "
-            + "; ".join(parts) + ".") if parts else ""
+    return (
+        (
+            "Fine-tuning examples per task (a subset is a fixed sample, or all the offline mirror has): "
+            + "; ".join(parts)
+            + "."
+        )
+        if parts
+        else ""
+    )
 
 
 def mark_verdicts(table: BuiltTable, claims: pd.DataFrame) -> None:
     """`row_verdict` for the page: the verdict of the table's claim about each row, i.e. its subject against
     that row (the subject's own row: against the no-pretraining control); none where no claim was decided."""
     decided = claims[(claims["run"] == table.spec.subject) & claims["verdict"].isin([HOLDS, REVERSED, NOISE])]
-    verdicts = {table.spec.subject if than == CONTROL_RUN else than: verdict
-                for than, verdict in zip(decided["than"], decided["verdict"])}
+    verdicts = {
+        table.spec.subject if than == CONTROL_RUN else than: verdict
+        for than, verdict in zip(decided["than"], decided["verdict"])
+    }
     table.frame["row_verdict"] = table.frame["run"].map(verdicts).fillna("")
 
 
@@ -173,41 +223,56 @@ def summary_metrics(results: Results, tables: dict[str, BuiltTable], claims: pd.
     Absent values are left out (JSON has no NaN)."""
     lookup = cell_lookup(results.final_cells())
     runs = sorted({run for run, _, _ in lookup})
-    per_run = {"glue_avg": {r: glue_average(lookup, r) for r in runs},
-               "mnli_m": {r: lookup.get((r, "mnli", "accuracy"), {}).get("median", math.nan) for r in runs},
-               "squad2_f1": {r: lookup.get((r, "squad2", "f1"), {}).get("median", math.nan) for r in runs}}
+    per_run = {
+        "glue_avg": {r: glue_average(lookup, r) for r in runs},
+        "mnli_m": {r: lookup.get((r, "mnli", "accuracy"), {}).get("median", math.nan) for r in runs},
+        "squad2_f1": {r: lookup.get((r, "squad2", "f1"), {}).get("median", math.nan) for r in runs},
+    }
     out = {name: {r: round(v, 4) for r, v in values.items() if not math.isnan(v)} for name, values in per_run.items()}
     out["cells"] = {}
     for key, t in tables.items():
         ours = t.frame[t.frame["run"] != ""]
         out["cells"][key] = {"filled": int(ours["ours"].notna().sum()), "total": int(len(ours))}
     if claims is not None and not claims.empty:
-        out["claims"] = {key: {str(v): int(n) for v, n in group["verdict"].value_counts().items()}
-                         for key, group in claims.groupby("table", sort=False)}
+        out["claims"] = {
+            key: {str(v): int(n) for v, n in group["verdict"].value_counts().items()}
+            for key, group in claims.groupby("table", sort=False)
+        }
     return out
 
 
 def provenance(results: Results, state: WorkspaceState | None) -> list[str]:
     """Where the numbers come from (Markdown lines): the pretraining runs and their DVC experiments, the runs
     left out because their fine-tuning is of another pretraining run, the tasks that could not run and why."""
-    where = ("the runs this workspace's metrics/pretrain and metrics/finetune files name" if state is not None
-             else "the latest finished run of each name (no workspace state given)")
+    where = (
+        "the runs this workspace's metrics/pretrain and metrics/finetune files name"
+        if state is not None
+        else "the latest finished run of each name (no workspace state given)"
+    )
     out = [f"Numbers come from {where}.", "", "| run | MLflow run | DVC experiment | steps |", "|---|---|---|---|"]
     for r in results.pretrain.sort_values("run").itertuples():
         steps = "" if pd.isna(r.steps) else f"{r.steps:.0f}"
         out.append(f"| `{r.run}` | {r.run_id[:8]} | {r.dvc_exp or 'workspace'} | {steps} |")
     for run in results.stale:
-        out.append(f"\n`{run}`: its fine-tuning is of another pretraining run than models/{run} (stale; "
-                   f"dvc repro finetune@{run}), so its fine-tuning cells are left empty.")
+        out.append(
+            f"\n`{run}`: its fine-tuning is of another pretraining run than models/{run} (stale; "
+            f"dvc repro finetune@{run}), so its fine-tuning cells are left empty."
+        )
     if len(results.missing):
         out += ["", "Could not run (fine-tuning recorded them as missing):", ""]
         out += [f"- `{m.run}` {m.task}: {m.reason}" for m in results.missing.sort_values(["run", "task"]).itertuples()]
     return out
 
 
-def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = None, *,
-                 sources: Sources | None = None, runs: Iterable[str] | None = None,
-                 state: WorkspaceState | None = None) -> dict:
+def build_report(
+    preset: str,
+    out_dir: str | Path,
+    tracking_uri: str | None = None,
+    *,
+    sources: Sources | None = None,
+    runs: Iterable[str] | None = None,
+    state: WorkspaceState | None = None,
+) -> dict:
     """Build every table and figure of `preset` from MLflow into out_dir (replaced atomically).
 
     runs: the run names of params.yaml's registry, to check that every table names existing runs.
@@ -221,7 +286,7 @@ def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = No
     tables = build_tables(results)
     claims = {key: check_claims(table.spec, results) for key, table in tables.items()}
     reasons = missing_reasons(results)
-    for key, table in tables.items():   # the `why` of every empty cell, and each row's claim verdict
+    for key, table in tables.items():  # the `why` of every empty cell, and each row's claim verdict
         explain(table, results, reasons, dict(sources.unavailable))
         mark_verdicts(table, claims[key])
     out_dir = Path(out_dir)
@@ -243,31 +308,52 @@ def build_report(preset: str, out_dir: str | Path, tracking_uri: str | None = No
                 series.to_csv(tmp / "plots" / f"{stem(key)}.csv", index=False, float_format="%.6g")
             figure_paths[key] = out_dir / "figures" / f"{stem(key)}.png"
         title = f"electralab report — {preset} preset"
-        intro = [f"Built {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from MLflow experiment "
-                 f"{tracking.experiment_name(preset)} ({results.tracking_uri})."]
+        intro = [
+            f"Built {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from MLflow experiment "
+            f"{tracking.experiment_name(preset)} ({results.tracking_uri})."
+        ]
         if sources.note:
             intro.append(f"Data: {sources.note}")
-        if (used := training_data_note(results)):
+        if used := training_data_note(results):
             intro.append(used)
-        for failure in results.failed.itertuples():   # a broken run is named, never a table cell
+        for failure in results.failed.itertuples():  # a broken run is named, never a table cell
             intro.append(f"Not in any table: run {failure.run}, whose pretraining failed ({failure.error}).")
         links = "\n\n".join(f"![{key}](figures/{stem(key)}.png)" for key in figure_paths)
         origin = provenance(results, state)
-        (tmp / "report.md").write_text(f"# {title}\n\n" + "\n\n".join(intro) + "\n\n## Where the numbers come "
-                                       "from\n\n" + "\n".join(origin) + "\n\n" + "\n".join(markdown)
-                                       + f"\n## Figures\n\n{links}\n", encoding="utf-8")
-        runs_line = "; ".join(f"{r.run} {r.run_id[:8]} ({r.dvc_exp or 'workspace'})"
-                              for r in results.pretrain.sort_values("run").itertuples())
-        intro = [*intro, *(line.replace("`", "").strip() for line in origin if line.strip() and not line.startswith("|")),
-                 f"Pretraining runs (MLflow run, DVC experiment): {runs_line or 'none'}"]
+        (tmp / "report.md").write_text(
+            f"# {title}\n\n" + "\n\n".join(intro) + "\n\n## Where the numbers come "
+            "from\n\n" + "\n".join(origin) + "\n\n" + "\n".join(markdown) + f"\n## Figures\n\n{links}\n",
+            encoding="utf-8",
+        )
+        runs_line = "; ".join(
+            f"{r.run} {r.run_id[:8]} ({r.dvc_exp or 'workspace'})"
+            for r in results.pretrain.sort_values("run").itertuples()
+        )
+        intro = [
+            *intro,
+            *(line.replace("`", "").strip() for line in origin if line.strip() and not line.startswith("|")),
+            f"Pretraining runs (MLflow run, DVC experiment): {runs_line or 'none'}",
+        ]
         pngs = {key: tmp / "figures" / f"{stem(key)}.png" for key in figure_paths}
         tables_html = [table_html(t, sources.note) + claims_details(claims[k]) for k, t in tables.items()]
         left_out = sources.glue_avg_unavailable()
-        notes = [f"GLUE AVG panels are left out (COCO-LM Fig. 4, TEAMS Fig. 4 and 5): the average needs all eight "
-                 f"GLUE tasks, and with this data {left_out}."] if left_out else []
+        notes = (
+            [
+                f"GLUE AVG panels are left out (COCO-LM Fig. 4, TEAMS Fig. 4 and 5): the average needs all eight "
+                f"GLUE tasks, and with this data {left_out}."
+            ]
+            if left_out
+            else []
+        )
         (tmp / "index.html").write_text(page_html(title, intro, tables_html, pngs, notes), encoding="utf-8")
-    return {"preset": preset, "tables": tables, "claims": all_claims, "figures": figure_paths,
-            "metrics": summary_metrics(results, tables, all_claims), "results": results}
+    return {
+        "preset": preset,
+        "tables": tables,
+        "claims": all_claims,
+        "figures": figure_paths,
+        "metrics": summary_metrics(results, tables, all_claims),
+        "results": results,
+    }
 
 
 __all__ = ["Sources", "build_report", "make_figures", "mark_verdicts", "stem", "summary_metrics", "TABLES"]

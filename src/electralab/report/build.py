@@ -33,19 +33,20 @@ from electralab.report.published import published_table
 from electralab.tables import GLUE_AVG, GLUE_AVG_PARTS, REGISTRY, TABLES, Column, TableSpec
 
 STATS = ("median", "std", "min", "max")
-FINAL = "final"   # the `checkpoint` tag of a fine-tuning parent on the finished pretraining run
+FINAL = "final"  # the `checkpoint` tag of a fine-tuning parent on the finished pretraining run
 
 
 @dataclass
 class Results:
     """What the report reads from one preset's MLflow experiment."""
+
     preset: str
     tracking_uri: str
     experiment_id: str
-    cells: pd.DataFrame      # run, task, checkpoint, label_fraction, metric, median, std, min, max, seeds, ..., failed
-    pretrain: pd.DataFrame   # run, method, run_id, steps, dvc_exp, and final_* metrics: one per pretraining run
+    cells: pd.DataFrame  # run, task, checkpoint, label_fraction, metric, median, std, min, max, seeds, ..., failed
+    pretrain: pd.DataFrame  # run, method, run_id, steps, dvc_exp, and final_* metrics: one per pretraining run
     missing: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["run", "task", "reason"]))
-    stale: list[str] = field(default_factory=list)   # runs whose fine-tuning is of another pretraining run
+    stale: list[str] = field(default_factory=list)  # runs whose fine-tuning is of another pretraining run
     # runs whose latest pretraining attempt failed (collapsed, diverged): run, error. Not in any table.
     failed: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["run", "error"]))
 
@@ -71,9 +72,11 @@ def experiment_id(preset: str, tracking_uri: str) -> str:
     found = mlflow.get_experiment_by_name(name)
     if found is None:
         known = sorted(e.name for e in mlflow.search_experiments())
-        raise ConfigError(f"no MLflow experiment {name!r} for preset={preset!r} in {tracking_uri} "
-                          f"(experiments there: {', '.join(known) or 'none'}); run the pretrain and finetune "
-                          f"stages of this preset first, or point MLFLOW_TRACKING_URI at their store")
+        raise ConfigError(
+            f"no MLflow experiment {name!r} for preset={preset!r} in {tracking_uri} "
+            f"(experiments there: {', '.join(known) or 'none'}); run the pretrain and finetune "
+            f"stages of this preset first, or point MLFLOW_TRACKING_URI at their store"
+        )
     return found.experiment_id
 
 
@@ -81,12 +84,14 @@ def experiment_id(preset: str, tracking_uri: str) -> str:
 class WorkspaceState:
     """The MLflow runs a workspace's outputs are: metrics/pretrain/<run>.json `mlflow_run_id`, and
     metrics/finetune/<run>.json `mlflow` (its parents and the pretraining run it fine-tuned)."""
-    pretrain: dict[str, str]         # run -> pretraining MLflow run id
-    finetune: dict[str, dict]        # run -> {"pretrain_run_id": id, "parents": {group: id}}
+
+    pretrain: dict[str, str]  # run -> pretraining MLflow run id
+    finetune: dict[str, dict]  # run -> {"pretrain_run_id": id, "parents": {group: id}}
 
 
 def workspace_state(metrics_dir: str | Path) -> WorkspaceState:
     """Read the run ids the stages recorded under metrics_dir (metrics files without them name no run)."""
+
     def read(kind: str) -> dict[str, dict]:
         out = {}
         for path in sorted((Path(metrics_dir) / kind).glob("*.json")):
@@ -107,8 +112,9 @@ def _latest_finished(runs: pd.DataFrame, key: list[str]) -> pd.DataFrame:
 
 
 def _search(mlflow, experiment: str, stage: str) -> pd.DataFrame:
-    return mlflow.search_runs(experiment_ids=[experiment], filter_string=f"tags.stage = '{stage}'",
-                              output_format="pandas")
+    return mlflow.search_runs(
+        experiment_ids=[experiment], filter_string=f"tags.stage = '{stage}'", output_format="pandas"
+    )
 
 
 def _tag(runs: pd.DataFrame, name: str, default: str) -> pd.Series:
@@ -121,32 +127,70 @@ def _tag(runs: pd.DataFrame, name: str, default: str) -> pd.Series:
 
 def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
     """Fine-tuning parents (one per run, task, checkpoint, label fraction) -> one line per metric."""
-    columns = ["run", "task", "checkpoint", "label_fraction", "metric", *STATS, "seeds", "train_examples", "run_id",
-               "failed"]
+    columns = [
+        "run",
+        "task",
+        "checkpoint",
+        "label_fraction",
+        "metric",
+        *STATS,
+        "seeds",
+        "train_examples",
+        "run_id",
+        "failed",
+    ]
     if parents.empty:
         return pd.DataFrame(columns=columns)
-    parents = parents.assign(run=_tag(parents, "run", ""), task=_tag(parents, "task", ""),
-                             checkpoint=_tag(parents, "checkpoint", FINAL),
-                             label_fraction=pd.to_numeric(_tag(parents, "label_fraction", "1.0")))
+    parents = parents.assign(
+        run=_tag(parents, "run", ""),
+        task=_tag(parents, "task", ""),
+        checkpoint=_tag(parents, "checkpoint", FINAL),
+        label_fraction=pd.to_numeric(_tag(parents, "label_fraction", "1.0")),
+    )
     parents = _latest_finished(parents, ["run", "task", "checkpoint", "label_fraction"])
     metrics = sorted(c.removeprefix("metrics.median_") for c in parents if c.startswith("metrics.median_"))
-    by_seed = [(c, *re.fullmatch(r"metrics\.seed(\d+)_(.+)", c).groups()) for c in parents
-               if re.fullmatch(r"metrics\.seed(\d+)_(.+)", c)]
+    by_seed = [
+        (c, *re.fullmatch(r"metrics\.seed(\d+)_(.+)", c).groups())
+        for c in parents
+        if re.fullmatch(r"metrics\.seed(\d+)_(.+)", c)
+    ]
     failed = _tag(parents, "failed_metrics", "")
     lines = []
     for i, p in parents.iterrows():
-        where = {"run": p["run"], "task": p["task"], "checkpoint": p["checkpoint"], "label_fraction": p["label_fraction"]}
+        where = {
+            "run": p["run"],
+            "task": p["task"],
+            "checkpoint": p["checkpoint"],
+            "label_fraction": p["label_fraction"],
+        }
         for m in metrics:
             if pd.isna(p[f"metrics.median_{m}"]):
                 continue
             stats = {s: p.get(f"metrics.{s}_{m}", np.nan) for s in STATS}
             seeds = {int(seed): float(p[c]) for c, seed, metric in by_seed if metric == m and not pd.isna(p[c])}
-            lines.append({**where, "metric": m, **stats, "seeds": seeds,
-                          "train_examples": p.get("metrics.num_train_examples", np.nan), "run_id": p["run_id"],
-                          "failed": False})
-        for m in filter(None, failed[i].split(",")):   # diverged: no number, and the cell says so
-            lines.append({**where, "metric": m, **{s: np.nan for s in STATS}, "seeds": {}, "train_examples": np.nan,
-                          "run_id": p["run_id"], "failed": True})
+            lines.append(
+                {
+                    **where,
+                    "metric": m,
+                    **stats,
+                    "seeds": seeds,
+                    "train_examples": p.get("metrics.num_train_examples", np.nan),
+                    "run_id": p["run_id"],
+                    "failed": False,
+                }
+            )
+        for m in filter(None, failed[i].split(",")):  # diverged: no number, and the cell says so
+            lines.append(
+                {
+                    **where,
+                    "metric": m,
+                    **{s: np.nan for s in STATS},
+                    "seeds": {},
+                    "train_examples": np.nan,
+                    "run_id": p["run_id"],
+                    "failed": True,
+                }
+            )
     return pd.DataFrame(lines, columns=columns).astype({s: float for s in STATS} | {"failed": bool})
 
 
@@ -154,21 +198,34 @@ def _missing(parents: pd.DataFrame) -> pd.DataFrame:
     """The groups whose latest fine-tuning recorded them as missing (its `missing` tag says why)."""
     if parents.empty or "tags.missing" not in parents:
         return pd.DataFrame(columns=["run", "task", "reason"])
-    parents = _latest_finished(parents.assign(run=_tag(parents, "run", ""), task=_tag(parents, "task", ""),
-                                              checkpoint=_tag(parents, "checkpoint", FINAL),
-                                              label_fraction=_tag(parents, "label_fraction", "1.0")),
-                               ["run", "task", "checkpoint", "label_fraction"])
+    parents = _latest_finished(
+        parents.assign(
+            run=_tag(parents, "run", ""),
+            task=_tag(parents, "task", ""),
+            checkpoint=_tag(parents, "checkpoint", FINAL),
+            label_fraction=_tag(parents, "label_fraction", "1.0"),
+        ),
+        ["run", "task", "checkpoint", "label_fraction"],
+    )
     found = parents[parents["tags.missing"].fillna("") != ""]
-    return pd.DataFrame({"run": found["run"], "task": found["task"], "reason": found["tags.missing"]}).reset_index(drop=True)
+    return pd.DataFrame({"run": found["run"], "task": found["task"], "reason": found["tags.missing"]}).reset_index(
+        drop=True
+    )
 
 
 def _pretrain_runs(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return pd.DataFrame(columns=["run", "method", "run_id", "steps", "dvc_exp"])
     runs = _latest_finished(runs.assign(run=_tag(runs, "run", "")), ["run"])
-    out = pd.DataFrame({"run": runs["run"], "method": _tag(runs, "method", ""), "run_id": runs["run_id"],
-                        "steps": pd.to_numeric(runs.get("params.pretrain.steps"), errors="coerce"),
-                        "dvc_exp": _tag(runs, "dvc_exp", "")})
+    out = pd.DataFrame(
+        {
+            "run": runs["run"],
+            "method": _tag(runs, "method", ""),
+            "run_id": runs["run_id"],
+            "steps": pd.to_numeric(runs.get("params.pretrain.steps"), errors="coerce"),
+            "dvc_exp": _tag(runs, "dvc_exp", ""),
+        }
+    )
     for column in runs:
         if column.startswith("metrics.final_"):
             out[column.removeprefix("metrics.")] = runs[column]
@@ -198,9 +255,10 @@ def fetch_results(preset: str, tracking_uri: str | None = None, state: Workspace
         stale = sorted(run for run, f in state.finetune.items() if f.get("pretrain_run_id") != state.pretrain.get(run))
         keep = {pid for run, f in state.finetune.items() if run not in stale for pid in f.get("parents", {}).values()}
         parents = parents[parents["run_id"].isin(keep)] if not parents.empty else parents
-        failed = failed[~failed["run"].isin(set(state.pretrain))].reset_index(drop=True)   # a newer output stands
-    return Results(preset, uri, experiment, _finetune_cells(parents), _pretrain_runs(pretrain), _missing(parents),
-                   stale, failed)
+        failed = failed[~failed["run"].isin(set(state.pretrain))].reset_index(drop=True)  # a newer output stands
+    return Results(
+        preset, uri, experiment, _finetune_cells(parents), _pretrain_runs(pretrain), _missing(parents), stale, failed
+    )
 
 
 def metric_history(results: Results, runs: list[str], metrics: list[str]) -> pd.DataFrame:
@@ -221,13 +279,14 @@ def metric_history(results: Results, runs: list[str], metrics: list[str]) -> pd.
 
 # --- tables ----------------------------------------------------------------------------------------
 
+
 @dataclass
 class BuiltTable:
     spec: TableSpec
     preset: str
-    setting: str       # the published setting compared with
+    setting: str  # the published setting compared with
     frame: pd.DataFrame
-    decimals: int      # the paper's printed precision
+    decimals: int  # the paper's printed precision
 
     @property
     def title(self) -> str:
@@ -239,14 +298,29 @@ class BuiltTable:
         return title
 
 
-TABLE_COLUMNS = ["preset", "setting", "group", "row", "run", "column", "ours", "std", "min", "max",
-                 "published", "published_std", "failed", "diff"]
+TABLE_COLUMNS = [
+    "preset",
+    "setting",
+    "group",
+    "row",
+    "run",
+    "column",
+    "ours",
+    "std",
+    "min",
+    "max",
+    "published",
+    "published_std",
+    "failed",
+    "diff",
+]
 
 
 def cell_lookup(cells: pd.DataFrame) -> dict[tuple[str, str, str], dict[str, float]]:
     """(run, task, metric) -> {median, std, min, max} from final_cells()."""
-    return {(r.run, r.task, r.metric): {**{s: getattr(r, s) for s in STATS}, "failed": r.failed}
-            for r in cells.itertuples()}
+    return {
+        (r.run, r.task, r.metric): {**{s: getattr(r, s) for s in STATS}, "failed": r.failed} for r in cells.itertuples()
+    }
 
 
 def glue_average(lookup: dict, run: str) -> float:
@@ -273,8 +347,10 @@ def build_table(spec: TableSpec, results: Results) -> BuiltTable:
     lookup = cell_lookup(results.final_cells())
     unknown = [r.published for r in spec.rows[setting] if r.published and r.published not in pub.index]
     if unknown:
-        raise ConfigError(f"report table {spec.key} names row {unknown[0]!r}, which published.csv does not have "
-                          f"in setting {setting!r}")
+        raise ConfigError(
+            f"report table {spec.key} names row {unknown[0]!r}, which published.csv does not have "
+            f"in setting {setting!r}"
+        )
     lines = []
     for row in spec.rows[setting]:
         group = pub.loc[row.published, "group"].iloc[0] if row.published else ""
@@ -283,10 +359,23 @@ def build_table(spec: TableSpec, results: Results) -> BuiltTable:
             key = (row.published, column.name)
             published = pub.loc[key, "value"] if row.published and key in pub.index else np.nan
             published_std = pub.loc[key, "std"] if row.published and key in pub.index else np.nan
-            lines.append({"preset": results.preset, "setting": setting, "group": group, "row": row.name,
-                          "run": row.run or "", "column": column.name, "ours": ours["median"], "std": ours["std"],
-                          "min": ours["min"], "max": ours["max"], "published": published,
-                          "published_std": published_std, "failed": bool(ours.get("failed", False))})
+            lines.append(
+                {
+                    "preset": results.preset,
+                    "setting": setting,
+                    "group": group,
+                    "row": row.name,
+                    "run": row.run or "",
+                    "column": column.name,
+                    "ours": ours["median"],
+                    "std": ours["std"],
+                    "min": ours["min"],
+                    "max": ours["max"],
+                    "published": published,
+                    "published_std": published_std,
+                    "failed": bool(ours.get("failed", False)),
+                }
+            )
     frame = pd.DataFrame(lines, columns=TABLE_COLUMNS[:-1])
     if spec.differences_from:
         frame = _as_differences(frame, spec.differences_from)
@@ -324,10 +413,28 @@ def check_specs(registry_runs) -> None:
         for run in entry.runs():
             if run not in registry:
                 kind = "table" if key in TABLES else "figure"
-                raise ConfigError(f"report {kind} {key} names run {run!r}, which is not in params.yaml runs "
-                                  f"(known: {', '.join(sorted(registry))})")
+                raise ConfigError(
+                    f"report {kind} {key} names run {run!r}, which is not in params.yaml runs "
+                    f"(known: {', '.join(sorted(registry))})"
+                )
 
 
-__all__ = ["BuiltTable", "FINAL", "Results", "WorkspaceState", "workspace_state", "TABLE_COLUMNS", "build_table", "build_tables", "cell_lookup", "cell_value",
-           "final_cells",
-           "check_preset", "check_specs", "experiment_id", "fetch_results", "glue_average", "metric_history"]
+__all__ = [
+    "BuiltTable",
+    "FINAL",
+    "Results",
+    "WorkspaceState",
+    "workspace_state",
+    "TABLE_COLUMNS",
+    "build_table",
+    "build_tables",
+    "cell_lookup",
+    "cell_value",
+    "final_cells",
+    "check_preset",
+    "check_specs",
+    "experiment_id",
+    "fetch_results",
+    "glue_average",
+    "metric_history",
+]

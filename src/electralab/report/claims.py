@@ -35,13 +35,12 @@ from electralab.tables import CONTROL_RUN, GLUE_AVG, GLUE_AVG_PARTS, Column, Tab
 
 ALPHA = 0.05
 HOLDS, REVERSED, NOISE, NO_VERDICT = "holds", "reversed", "within noise", "—"
-CLAIM_COLUMNS = ["table", "claim", "run", "than", "tasks", "seeds", "ours", "spread", "p_value", "published",
-                 "verdict"]
+CLAIM_COLUMNS = ["table", "claim", "run", "than", "tasks", "seeds", "ours", "spread", "p_value", "published", "verdict"]
 
 
 @dataclass(frozen=True)
 class Comparison:
-    row: str       # the row claimed better (its shown name)
+    row: str  # the row claimed better (its shown name)
     run: str
     than_row: str
     than: str
@@ -125,15 +124,39 @@ def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
         a, b = (score(mine), score(theirs)) if seeds else (np.array([]), np.array([]))
         finite = bool(seeds) and np.isfinite(a).all() and np.isfinite(b).all()
         ours = float(np.median(a) - np.median(b)) if finite else math.nan
-        spread = float(math.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2)) if finite and len(seeds) > 1 else math.nan
+        spread = (
+            float(math.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2)) if finite and len(seeds) > 1 else math.nan
+        )
         p_value = welch_p_value(a, b) if finite else math.nan
         published = 1.0 if c.than == CONTROL_RUN else published_difference(spec, setting, c.row, c.than_row, shared)
-        lines.append({"table": spec.key, "claim": f"{c.row} > {c.than_row}", "run": c.run, "than": c.than,
-                      "tasks": ", ".join(shared), "seeds": len(seeds), "ours": ours, "spread": spread,
-                      "p_value": p_value, "published": math.nan if c.than == CONTROL_RUN else published,
-                      "verdict": verdict(ours, p_value, published)})
+        lines.append(
+            {
+                "table": spec.key,
+                "claim": f"{c.row} > {c.than_row}",
+                "run": c.run,
+                "than": c.than,
+                "tasks": ", ".join(shared),
+                "seeds": len(seeds),
+                "ours": ours,
+                "spread": spread,
+                "p_value": p_value,
+                "published": math.nan if c.than == CONTROL_RUN else published,
+                "verdict": verdict(ours, p_value, published),
+            }
+        )
     return pd.DataFrame(lines, columns=CLAIM_COLUMNS)
 
 
-__all__ = ["ALPHA", "CLAIM_COLUMNS", "HOLDS", "NOISE", "NO_VERDICT", "REVERSED", "check_claims", "claim_columns",
-           "comparisons", "verdict", "welch_p_value"]
+__all__ = [
+    "ALPHA",
+    "CLAIM_COLUMNS",
+    "HOLDS",
+    "NOISE",
+    "NO_VERDICT",
+    "REVERSED",
+    "check_claims",
+    "claim_columns",
+    "comparisons",
+    "verdict",
+    "welch_p_value",
+]

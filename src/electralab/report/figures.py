@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 
 import matplotlib
 
-matplotlib.use("Agg")   # files only; never a display
+matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -27,12 +27,21 @@ from electralab.report.build import FINAL, cell_lookup, cell_value, final_cells 
 from electralab.tables import FIGURES, GLUE_AVG, MNLI_M, MNLI_MM, SQUAD2, Column  # noqa: E402
 
 NO_DATA = "no data yet"
-Series = tuple[str, str, str]   # (run, metric, legend label)
+Series = tuple[str, str, str]  # (run, metric, legend label)
 
 
 def _no_data(ax, missing: str) -> None:
-    ax.text(0.5, 0.5, f"{NO_DATA}\n{missing}", ha="center", va="center", transform=ax.transAxes,
-            fontsize=9, color="0.35", wrap=True)
+    ax.text(
+        0.5,
+        0.5,
+        f"{NO_DATA}\n{missing}",
+        ha="center",
+        va="center",
+        transform=ax.transAxes,
+        fontsize=9,
+        color="0.35",
+        wrap=True,
+    )
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -56,6 +65,7 @@ def save(fig: Figure, path: str | Path) -> None:
 
 # --- metrics over pretraining steps ------------------------------------------------------------------
 
+
 def history_figure(history: pd.DataFrame, panels: Sequence[tuple[str, str, Sequence[Series]]], title: str) -> Figure:
     """Panels of (panel title, y label, series); each series is one run's metric over steps."""
     fig, axes = _figure(len(panels), title)
@@ -75,8 +85,15 @@ def history_figure(history: pd.DataFrame, panels: Sequence[tuple[str, str, Seque
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
         if missing:
-            ax.text(0.01, 0.01, textwrap.fill(f"{NO_DATA}: {', '.join(missing)}", 70), transform=ax.transAxes,
-                    fontsize=6, color="0.35", va="bottom")
+            ax.text(
+                0.01,
+                0.01,
+                textwrap.fill(f"{NO_DATA}: {', '.join(missing)}", 70),
+                transform=ax.transAxes,
+                fontsize=6,
+                color="0.35",
+                va="bottom",
+            )
     return _finish(fig)
 
 
@@ -87,14 +104,16 @@ def history_frame(history: pd.DataFrame, series: Iterable[Series]) -> pd.DataFra
     if history.empty:
         return pd.DataFrame(columns=["step", *names])
     wide = history.assign(name=history["run"] + "/" + history["metric"]).pivot_table(
-        index="step", columns="name", values="value", aggfunc="last")
+        index="step", columns="name", values="value", aggfunc="last"
+    )
     return wide.reindex(columns=names).reset_index()
 
 
 # The runs of every figure and their labels or x values come from the table registry (electralab.tables).
-SCL_SERIES = {f"{panel} ({run})": [(run, "scl_pos_cos", "positive pairs"),
-                                   (run, "scl_neg_cos", "negative pairs")]
-              for run, panel in FIGURES["coco-lm/fig7"].series["SCL"].items()}
+SCL_SERIES = {
+    f"{panel} ({run})": [(run, "scl_pos_cos", "positive pairs"), (run, "scl_neg_cos", "negative pairs")]
+    for run, panel in FIGURES["coco-lm/fig7"].series["SCL"].items()
+}
 
 
 def scl_cosine_figure(history: pd.DataFrame, preset: str) -> Figure:
@@ -103,8 +122,12 @@ def scl_cosine_figure(history: pd.DataFrame, preset: str) -> Figure:
     return history_figure(history, panels, f"COCO-LM Fig. 7a/b: [CLS] cosine of SCL pairs ({preset} preset)")
 
 
-COPY_CLM_PANELS = [("(a) Copy Acc. (Replaced)", "copy_acc_replaced"), ("(b) Copy Acc. (Original)", "copy_acc_original"),
-                   ("(c) CLM Acc. (Replaced)", "clm_acc_replaced"), ("(d) CLM Acc. (Original)", "clm_acc_original")]
+COPY_CLM_PANELS = [
+    ("(a) Copy Acc. (Replaced)", "copy_acc_replaced"),
+    ("(b) Copy Acc. (Original)", "copy_acc_original"),
+    ("(c) CLM Acc. (Replaced)", "clm_acc_replaced"),
+    ("(d) CLM Acc. (Original)", "clm_acc_original"),
+]
 COPY_CLM_RUNS = list(FIGURES["coco-lm/fig8"].series["LM"].items())
 
 
@@ -114,31 +137,39 @@ def copy_clm_figure(history: pd.DataFrame, preset: str) -> Figure:
     return history_figure(history, panels, f"COCO-LM Fig. 8: copy and LM accuracy ({preset} preset)")
 
 
-MIX_PANELS = FIGURES["amos/fig3"].series["mixture"]   # run -> its panel's title
+MIX_PANELS = FIGURES["amos/fig3"].series["mixture"]  # run -> its panel's title
 MIX_SERIES = [(run, f"mix_weight_exit{d}", f"layer {d}") for run in MIX_PANELS for d in (4, 6, 8)]
 
 
 def mix_weights_figure(history: pd.DataFrame, preset: str) -> Figure:
     """AMOS Fig. 3a: the mixture weight of each generator exit over pretraining."""
-    panels = [(f"{title} ({run})", "mixture weight", [s for s in MIX_SERIES if s[0] == run])
-              for run, title in MIX_PANELS.items()]
+    panels = [
+        (f"{title} ({run})", "mixture weight", [s for s in MIX_SERIES if s[0] == run])
+        for run, title in MIX_PANELS.items()
+    ]
     return history_figure(history, panels, f"AMOS Fig. 3a: mixture weights per exit ({preset} preset)")
 
 
-CURRICULUM_SERIES = [(run, "rtd_acc_replaced", label)
-                     for run, label in FIGURES["amos/fig3"].series["curriculum"].items()]
+CURRICULUM_SERIES = [
+    (run, "rtd_acc_replaced", label) for run, label in FIGURES["amos/fig3"].series["curriculum"].items()
+]
 
 
 def curriculum_figure(history: pd.DataFrame, preset: str) -> Figure:
     """AMOS Fig. 3b: discriminator accuracy on replaced tokens under the curricula."""
-    return history_figure(history, [("(b) RTD accuracy on replaced tokens", "accuracy", CURRICULUM_SERIES)],
-                          f"AMOS Fig. 3b: discriminator accuracy, replaced tokens ({preset} preset)")
+    return history_figure(
+        history,
+        [("(b) RTD accuracy on replaced tokens", "accuracy", CURRICULUM_SERIES)],
+        f"AMOS Fig. 3b: discriminator accuracy, replaced tokens ({preset} preset)",
+    )
 
 
 # --- MNLI against pretraining hours (COCO-LM Fig. 3, AMOS Fig. 4) -------------------------------------
 
-def efficiency_points(cells: pd.DataFrame, pretrain: pd.DataFrame, history: pd.DataFrame, runs: Sequence[str],
-                      hours: str = "wall_hours") -> pd.DataFrame:
+
+def efficiency_points(
+    cells: pd.DataFrame, pretrain: pd.DataFrame, history: pd.DataFrame, runs: Sequence[str], hours: str = "wall_hours"
+) -> pd.DataFrame:
     """MNLI-m/mm medians of every fine-tuned checkpoint of `runs` against the pretraining hours at it.
 
     A checkpoint tag is "final" or a percentage of training ("050"); its hours are the run's logged
@@ -156,14 +187,26 @@ def efficiency_points(cells: pd.DataFrame, pretrain: pd.DataFrame, history: pd.D
             fraction = 1.0 if checkpoint == FINAL else int(checkpoint) / 100
             at = np.interp(round(fraction * steps), h["step"], h["value"])
             medians = dict(zip(g["metric"], g["median"]))
-            lines.append({"run": run, "checkpoint": checkpoint, "fraction": fraction, "hours": at,
-                          MNLI_M.name: medians.get(MNLI_M.metric, np.nan),
-                          MNLI_MM.name: medians.get(MNLI_MM.metric, np.nan)})
+            lines.append(
+                {
+                    "run": run,
+                    "checkpoint": checkpoint,
+                    "fraction": fraction,
+                    "hours": at,
+                    MNLI_M.name: medians.get(MNLI_M.metric, np.nan),
+                    MNLI_MM.name: medians.get(MNLI_MM.metric, np.nan),
+                }
+            )
     return pd.DataFrame(lines, columns=columns).sort_values(["run", "hours"], kind="stable").reset_index(drop=True)
 
 
-def efficiency_figure(points: pd.DataFrame, main: str, baselines: dict[str, str], title: str,
-                      hours_label: str = "pretraining hours (wall clock)") -> Figure:
+def efficiency_figure(
+    points: pd.DataFrame,
+    main: str,
+    baselines: dict[str, str],
+    title: str,
+    hours_label: str = "pretraining hours (wall clock)",
+) -> Figure:
     """MNLI dev accuracy of `main`'s checkpoints against pretraining hours, with the baselines' end
     points (their final checkpoints) marked."""
     fig, axes = _figure(2, title)
@@ -199,13 +242,30 @@ def sweep_points(cells: pd.DataFrame, series: dict[str, dict[str, float]], colum
         for run, x in runs.items():
             for c in columns:
                 value = cell_value(lookup, run, c)
-                lines.append({"series": label, "run": run, "x": x, "column": c.name,
-                              "median": value["median"], "min": value["min"], "max": value["max"]})
+                lines.append(
+                    {
+                        "series": label,
+                        "run": run,
+                        "x": x,
+                        "column": c.name,
+                        "median": value["median"],
+                        "min": value["min"],
+                        "max": value["max"],
+                    }
+                )
     return pd.DataFrame(lines, columns=["series", "run", "x", "column", "median", "min", "max"])
 
 
-def sweep_figure(points: pd.DataFrame, columns: Sequence[str], xlabel: str, title: str, *, logx: bool = False,
-                 reference: dict[str, float] | None = None, reference_label: str = "") -> Figure:
+def sweep_figure(
+    points: pd.DataFrame,
+    columns: Sequence[str],
+    xlabel: str,
+    title: str,
+    *,
+    logx: bool = False,
+    reference: dict[str, float] | None = None,
+    reference_label: str = "",
+) -> Figure:
     """One panel per column: each series' medians against x, error bars = the seeds' min/max."""
     fig, axes = _figure(len(columns), title)
     for ax, column in zip(axes, columns):
@@ -234,14 +294,15 @@ def sweep_frame(points: pd.DataFrame) -> pd.DataFrame:
     if points.empty:
         return pd.DataFrame(columns=["x"])
     wide = points.assign(name=points["series"] + "/" + points["column"]).pivot_table(
-        index="x", columns="name", values="median", aggfunc="last", dropna=False, sort=True)
+        index="x", columns="name", values="median", aggfunc="last", dropna=False, sort=True
+    )
     order = list(dict.fromkeys(points["series"] + "/" + points["column"]))
     return wide.reindex(columns=order).reset_index()
 
 
 CROP_RUNS = FIGURES["coco-lm/fig4"].series["COCO-LM"]
 GENERATOR_DEPTH_RUNS = FIGURES["teams/fig4"].series["TEAMS"]
-NEGATIVES_REFERENCE = FIGURES["teams/fig5"].reference   # TEAMS Fig. 5's ELECTRA line
+NEGATIVES_REFERENCE = FIGURES["teams/fig5"].reference  # TEAMS Fig. 5's ELECTRA line
 NEGATIVES_RUNS = FIGURES["teams/fig5"].series
 SWEEP_COLUMNS = (GLUE_COLUMN, SQUAD2[1])
 
@@ -252,25 +313,38 @@ CROP_COLUMNS = (MNLI_M, MNLI_MM, GLUE_COLUMN)
 # `columns`: the panels; the report leaves out GLUE AVG where its data can never be there (QQP offline).
 def crop_figure(points: pd.DataFrame, preset: str, columns: Sequence[Column] = CROP_COLUMNS) -> Figure:
     """COCO-LM Fig. 4: GLUE dev results against the crop fraction (100% = no cropping)."""
-    return sweep_figure(points, [c.name for c in columns], "fraction of X^orig kept (%)",
-                        f"COCO-LM Fig. 4: crop fraction ({preset} preset)")
+    return sweep_figure(
+        points,
+        [c.name for c in columns],
+        "fraction of X^orig kept (%)",
+        f"COCO-LM Fig. 4: crop fraction ({preset} preset)",
+    )
 
 
 def generator_depth_figure(points: pd.DataFrame, preset: str, columns: Sequence[Column] = SWEEP_COLUMNS) -> Figure:
     """TEAMS Fig. 4: results against the number of generator layers (bottom half tied)."""
-    return sweep_figure(points, [c.name for c in columns], "generator layers",
-                        f"TEAMS Fig. 4: generator depth ({preset} preset)")
+    return sweep_figure(
+        points, [c.name for c in columns], "generator layers", f"TEAMS Fig. 4: generator depth ({preset} preset)"
+    )
 
 
-def negatives_figure(points: pd.DataFrame, electra: dict[str, float], preset: str,
-                     columns: Sequence[Column] = SWEEP_COLUMNS) -> Figure:
+def negatives_figure(
+    points: pd.DataFrame, electra: dict[str, float], preset: str, columns: Sequence[Column] = SWEEP_COLUMNS
+) -> Figure:
     """TEAMS Fig. 5: "Sampled" vs "Hardest" negatives against K, ELECTRA as the reference line."""
-    return sweep_figure(points, [c.name for c in columns], "K (negatives per masked position)",
-                        f"TEAMS Fig. 5: sampled vs hardest negatives ({preset} preset)", logx=True,
-                        reference=electra, reference_label="ELECTRA")
+    return sweep_figure(
+        points,
+        [c.name for c in columns],
+        "K (negatives per masked position)",
+        f"TEAMS Fig. 5: sampled vs hardest negatives ({preset} preset)",
+        logx=True,
+        reference=electra,
+        reference_label="ELECTRA",
+    )
 
 
 # --- COCO-LM Fig. 1/5: cosine similarity of [CLS] embeddings ------------------------------------------
+
 
 def read_stsb_similar(path: str | Path, score: float = 5.0) -> list[tuple[str, str]]:
     """The STS-B pairs labelled `score` (the most similar): GLUE's TSV, split on tabs with no quote
@@ -286,8 +360,9 @@ def read_stsb_similar(path: str | Path, score: float = 5.0) -> list[tuple[str, s
     return pairs
 
 
-def corpus_pairs(files: Iterable[str | Path], n: int, seed: int = 0, min_words: int = 8,
-                 max_paragraphs: int = 20_000) -> list[tuple[str, str]]:
+def corpus_pairs(
+    files: Iterable[str | Path], n: int, seed: int = 0, min_words: int = 8, max_paragraphs: int = 20_000
+) -> list[tuple[str, str]]:
     """n random pairs of distinct paragraphs from corpus files (one paragraph per line; WikiText
     " = Heading = " lines and short lines skipped). Reads at most `max_paragraphs` paragraphs: the
     featured-articles mirror is 100 MB, and a sample of its start is random enough for a histogram."""
@@ -311,7 +386,7 @@ def encode_texts(tokenizer, texts: Sequence[str], max_len: int) -> list[list[int
     normalisation + its sentencepiece model), truncated to max_len."""
     from electralab import CLS_ID, SEP_ID
 
-    return [[CLS_ID, *tokenizer.encode(t)[:max_len - 2], SEP_ID] for t in texts]
+    return [[CLS_ID, *tokenizer.encode(t)[: max_len - 2], SEP_ID] for t in texts]
 
 
 def cls_embeddings(encoder, ids: Sequence[Sequence[int]], batch_size: int = 64):
@@ -324,12 +399,12 @@ def cls_embeddings(encoder, ids: Sequence[Sequence[int]], batch_size: int = 64):
     out = []
     with torch.no_grad():
         for i in range(0, len(ids), batch_size):
-            chunk = ids[i:i + batch_size]
+            chunk = ids[i : i + batch_size]
             length = max(len(x) for x in chunk)
             batch = torch.full((len(chunk), length), PAD_ID, dtype=torch.long)
             for j, x in enumerate(chunk):
-                batch[j, :len(x)] = torch.tensor(x)
-            out.append(encoder(batch, batch != PAD_ID)[-1][:, 0])       # (B, H)
+                batch[j, : len(x)] = torch.tensor(x)
+            out.append(encoder(batch, batch != PAD_ID)[-1][:, 0])  # (B, H)
     return torch.cat(out)
 
 
@@ -374,8 +449,32 @@ def cosine_figure(cosines: pd.DataFrame, preset: str, runs: dict[str, str] = COS
     return _finish(fig)
 
 
-__all__ = ["COSINE_RUNS", "CROP_RUNS", "GENERATOR_DEPTH_RUNS", "NEGATIVES_REFERENCE", "NEGATIVES_RUNS", "NO_DATA", "cls_embeddings",
-           "copy_clm_figure", "corpus_pairs", "cosine_figure", "crop_figure", "curriculum_figure",
-           "efficiency_figure", "efficiency_points", "encode_texts", "generator_depth_figure", "history_figure",
-           "history_frame", "mix_weights_figure", "negatives_figure", "pair_cosines", "read_stsb_similar", "save",
-           "scl_cosine_figure", "sweep_figure", "sweep_frame", "sweep_points"]
+__all__ = [
+    "COSINE_RUNS",
+    "CROP_RUNS",
+    "GENERATOR_DEPTH_RUNS",
+    "NEGATIVES_REFERENCE",
+    "NEGATIVES_RUNS",
+    "NO_DATA",
+    "cls_embeddings",
+    "copy_clm_figure",
+    "corpus_pairs",
+    "cosine_figure",
+    "crop_figure",
+    "curriculum_figure",
+    "efficiency_figure",
+    "efficiency_points",
+    "encode_texts",
+    "generator_depth_figure",
+    "history_figure",
+    "history_frame",
+    "mix_weights_figure",
+    "negatives_figure",
+    "pair_cosines",
+    "read_stsb_similar",
+    "save",
+    "scl_cosine_figure",
+    "sweep_figure",
+    "sweep_frame",
+    "sweep_points",
+]

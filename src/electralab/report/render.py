@@ -22,15 +22,23 @@ import pandas as pd
 
 from electralab.report.build import BuiltTable
 
-LEGEND = ("Cell: our median ±std over the fine-tuning seeds / the published value (ours − published); "
-          "— = not available; failed = fine-tuned, but the model diverged (no number). Reference rows (run \"reference\") are published baselines we do not train.")
-COMPACT_LEGEND = ("Cell: our median over the fine-tuning seeds / the published value; — = not available, its "
-                  "footnote under the table says why; failed = fine-tuned, but the model diverged (no number); reference rows (run \"reference\") show the published "
-                  "baselines we do not train. Each table's details give the spread, range and difference; every "
-                  "number is in tables/*.csv.")
-VERDICT_LEGEND = ("A row's name is coloured by the verdict of the table's claim about it (the table's method against "
-                  "that row; the method's own row: against the no-pretraining control): green holds, red reversed, "
-                  "grey within noise; its claims are under the table.")
+LEGEND = (
+    "Cell: our median ±std over the fine-tuning seeds / the published value (ours − published); "
+    "— = not available; failed = fine-tuned, but the model diverged (no number). Reference rows "
+    '(run "reference") are published baselines we do not train.'
+)
+COMPACT_LEGEND = (
+    "Cell: our median over the fine-tuning seeds / the published value; — = not available, its "
+    "footnote under the table says why; failed = fine-tuned, but the model diverged (no number); "
+    'reference rows (run "reference") show the published '
+    "baselines we do not train. Each table's details give the spread, range and difference; every "
+    "number is in tables/*.csv."
+)
+VERDICT_LEGEND = (
+    "A row's name is coloured by the verdict of the table's claim about it (the table's method against "
+    "that row; the method's own row: against the no-pretraining control): green holds, red reversed, "
+    "grey within noise; its claims are under the table."
+)
 
 
 def number(x: float, decimals: int, sign: bool = False) -> str:
@@ -109,8 +117,11 @@ def _html_cell(line: pd.Series, decimals: int, difference: bool) -> str:
     e = html.escape
     ours = f'<span class="ours">{e(number(line["ours"], decimals, sign=difference))}</span>'
     if not math.isnan(line["std"]):
-        ours += (f'<br><span class="spread">±{number(line["std"], decimals)} '
-                 f'[{number(line["min"], decimals, sign=difference)}, {number(line["max"], decimals, sign=difference)}]</span>')
+        ours += (
+            f'<br><span class="spread">±{number(line["std"], decimals)} '
+            f"[{number(line['min'], decimals, sign=difference)}, "
+            f"{number(line['max'], decimals, sign=difference)}]</span>"
+        )
     pub = f'<br><span class="pub">paper {e(number(line["published"], decimals, sign=difference))}'
     if not math.isnan(line["diff"]):
         css = "pos" if line["diff"] >= 0 else "neg"
@@ -125,7 +136,7 @@ def _field(line: pd.Series, name: str) -> str:
 
 
 def verdict_class(verdict: str) -> str:
-    """"within noise" -> "verdict-within-noise" (a CSS class; "" for no verdict)."""
+    """ "within noise" -> "verdict-within-noise" (a CSS class; "" for no verdict)."""
     return f"verdict-{re.sub(r'[^a-z0-9]+', '-', verdict.lower()).strip('-')}" if verdict else ""
 
 
@@ -135,7 +146,7 @@ def _compact_cell(line: pd.Series, decimals: int, difference: bool, footnotes: d
     ours = number(line["ours"], decimals, sign=difference)
     why = _field(line, "why")
     text = f'<span class="ours">{e(ours)}</span>'
-    if footnotes is None:   # a reference row: the paper's number only
+    if footnotes is None:  # a reference row: the paper's number only
         return f'<td class="num">{e(number(line["published"], decimals, sign=difference))}</td>'
     if ours == "—" and why:
         number_ = footnotes.setdefault(why, len(footnotes) + 1)
@@ -172,58 +183,81 @@ def table_html(table: BuiltTable, note: str = "") -> str:
         css = ' class="reference"' if run == "reference" else ""
         row_css = verdict_class(_field(lines.iloc[0], "row_verdict"))
         names = ([f'<td class="name group">{e(group)}</td>'] if has_groups else []) + [
-            f'<td class="name {row_css}">{e(n)}</td>' for n in (row, run)]
+            f'<td class="name {row_css}">{e(n)}</td>' for n in (row, run)
+        ]
         notes = None if run == "reference" else footnotes
-        cells = "".join(_compact_cell(line, table.decimals, _is_difference(table, row), notes)
-                        for _, line in lines.iterrows())
+        cells = "".join(
+            _compact_cell(line, table.decimals, _is_difference(table, row), notes) for _, line in lines.iterrows()
+        )
         out.append(f"<tr{css}>" + "".join(names) + cells + "</tr>")
     out.append("</table>")
     if footnotes:
         out.append('<ol class="why">' + "".join(f"<li>{e(why)}</li>" for why in footnotes) + "</ol>")
-    out.append(f"<details><summary>Spread, range and difference (every number: "
-               f"tables/{e(table.spec.key.replace('/', '_'))}.csv)</summary>")
+    out.append(
+        f"<details><summary>Spread, range and difference (every number: "
+        f"tables/{e(table.spec.key.replace('/', '_'))}.csv)</summary>"
+    )
     out += _detailed_table(table, head, has_groups)
     out.append("</details>")
     return "\n".join(out)
 
 
-def page_html(title: str, intro: list[str], tables: list[str], figures: dict[str, Path],
-              notes: list[str] = ()) -> str:
+def page_html(title: str, intro: list[str], tables: list[str], figures: dict[str, Path], notes: list[str] = ()) -> str:
     """One self-contained page: links to every table and figure, the tables, then every figure inlined as a
     base64 PNG (`notes`: what the figures leave out and why)."""
     e = html.escape
-    parts = ["<!doctype html>", '<html><head><meta charset="utf-8">',
-             '<meta name="viewport" content="width=device-width, initial-scale=1">', f"<title>{e(title)}</title>",
-             f"<style>{STYLE}</style></head><body>", f"<h1>{e(title)}</h1>"]
+    parts = [
+        "<!doctype html>",
+        '<html><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{e(title)}</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+    ]
     parts += [f'<p class="note">{e(p)}</p>' for p in intro]
     keys = re.findall(r'<h3 id="([^"]+)">', "".join(tables))
     links = " · ".join(f'<a href="#{k}">{e(k)}</a>' for k in keys + [k.replace("/", "-") for k in figures])
     legend = COMPACT_LEGEND + (" " + VERDICT_LEGEND if re.search(r'<td class="[^"]*verdict-', "".join(tables)) else "")
-    parts += [f"<nav>{links}</nav>", f'<p class="note">{e(legend)}</p>', "<h2>Tables</h2>", *tables,
-              "<h2>Figures</h2>", *(f'<p class="note">{e(n)}</p>' for n in notes)]
+    parts += [
+        f"<nav>{links}</nav>",
+        f'<p class="note">{e(legend)}</p>',
+        "<h2>Tables</h2>",
+        *tables,
+        "<h2>Figures</h2>",
+        *(f'<p class="note">{e(n)}</p>' for n in notes),
+    ]
     for key, path in figures.items():
         data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-        parts.append(f'<h3 id="{e(key.replace("/", "-"))}">{e(key)}</h3><img alt="{e(key)}" '
-                     f'src="data:image/png;base64,{data}">')
+        parts.append(
+            f'<h3 id="{e(key.replace("/", "-"))}">{e(key)}</h3><img alt="{e(key)}" src="data:image/png;base64,{data}">'
+        )
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
 # --- the claims checked (report/claims.py) --------------------------------------------------------------
 
-CLAIMS_LEGEND = ("Claims: ours = difference of the two rows' median per-seed scores (mean over the tasks listed) "
-                 "± the pooled seed std; paper = the same difference in the paper; verdict by Welch's two-sided "
-                 "t-test on the per-seed scores, alpha 0.05 (holds / reversed: significant with the paper's sign "
-                 "or against it; within noise: not significant). Against the control the premise is that "
-                 "pretraining helps.")
+CLAIMS_LEGEND = (
+    "Claims: ours = difference of the two rows' median per-seed scores (mean over the tasks listed) "
+    "± the pooled seed std; paper = the same difference in the paper; verdict by Welch's two-sided "
+    "t-test on the per-seed scores, alpha 0.05 (holds / reversed: significant with the paper's sign "
+    "or against it; within noise: not significant). Against the control the premise is that "
+    "pretraining helps."
+)
 
 
 def _claim_cells(line: pd.Series) -> list[str]:
     ours = number(line["ours"], 2, sign=True)
     if not math.isnan(line["spread"]):
         ours += f" ±{number(line['spread'], 2)}"
-    return [line["claim"], ours, number(line["published"], 2, sign=True), number(line["p_value"], 3),
-            str(line["verdict"]), f"{line['tasks']} ({line['seeds']} seeds)" if line["tasks"] else "—"]
+    return [
+        line["claim"],
+        ours,
+        number(line["published"], 2, sign=True),
+        number(line["p_value"], 3),
+        str(line["verdict"]),
+        f"{line['tasks']} ({line['seeds']} seeds)" if line["tasks"] else "—",
+    ]
 
 
 CLAIM_HEAD = ["Claim", "Ours", "Paper", "p", "Verdict", "Tasks"]
@@ -233,7 +267,9 @@ def claims_markdown(claims: pd.DataFrame) -> str:
     if claims.empty:
         return ""
     out = [CLAIMS_LEGEND, "", "| " + " | ".join(CLAIM_HEAD) + " |", "|" + "---|" * len(CLAIM_HEAD)]
-    out += ["| " + " | ".join(c.replace("|", "\\|") for c in _claim_cells(line)) + " |" for _, line in claims.iterrows()]
+    out += [
+        "| " + " | ".join(c.replace("|", "\\|") for c in _claim_cells(line)) + " |" for _, line in claims.iterrows()
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -242,13 +278,19 @@ def claims_html(claims: pd.DataFrame) -> str:
         return ""
     e = html.escape
     css = {"holds": "pos", "reversed": "neg"}
-    out = [f'<p class="note">{e(CLAIMS_LEGEND)}</p>',
-           "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in CLAIM_HEAD) + "</tr>"]
+    out = [
+        f'<p class="note">{e(CLAIMS_LEGEND)}</p>',
+        "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in CLAIM_HEAD) + "</tr>",
+    ]
     for _, line in claims.iterrows():
         cells = _claim_cells(line)
         verdict = f'<td class="{css.get(line["verdict"], "")}">{e(cells[4])}</td>'
-        out.append(f'<tr><td class="name">{e(cells[0])}</td>' + "".join(f"<td>{e(c)}</td>" for c in cells[1:4])
-                   + verdict + f'<td class="name">{e(cells[5])}</td></tr>')
+        out.append(
+            f'<tr><td class="name">{e(cells[0])}</td>'
+            + "".join(f"<td>{e(c)}</td>" for c in cells[1:4])
+            + verdict
+            + f'<td class="name">{e(cells[5])}</td></tr>'
+        )
     out.append("</table>")
     return "\n".join(out)
 
@@ -259,8 +301,22 @@ def claims_details(claims: pd.DataFrame) -> str:
         return ""
     counts = claims["verdict"].value_counts()
     said = ", ".join(f"{counts[v]} {v}" for v in ("holds", "reversed", "within noise") if v in counts)
-    return f"<details><summary>Claims checked: {html.escape(said or 'none decided')}</summary>\n{claims_html(claims)}\n</details>"
+    summary = f"<summary>Claims checked: {html.escape(said or 'none decided')}</summary>"
+    return f"<details>{summary}\n{claims_html(claims)}\n</details>"
 
 
-__all__ = ["CLAIMS_LEGEND", "COMPACT_LEGEND", "claims_details", "LEGEND", "cell_text", "claims_html", "claims_markdown", "number",
-           "page_html", "table_html", "to_csv", "to_markdown", "verdict_class"]
+__all__ = [
+    "CLAIMS_LEGEND",
+    "COMPACT_LEGEND",
+    "claims_details",
+    "LEGEND",
+    "cell_text",
+    "claims_html",
+    "claims_markdown",
+    "number",
+    "page_html",
+    "table_html",
+    "to_csv",
+    "to_markdown",
+    "verdict_class",
+]

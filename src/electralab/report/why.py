@@ -26,8 +26,9 @@ def missing_reasons(results: Results) -> dict[tuple[str, str], str]:
     """(run, task) -> the reason a fine-tuning parent gave for not running (its `missing` tag), final checkpoint
     and all labels, the latest parent winning."""
     mlflow = tracking.mlflow_module(results.tracking_uri)
-    parents = mlflow.search_runs([results.experiment_id], filter_string="tags.stage = 'finetune'",
-                                 output_format="pandas")
+    parents = mlflow.search_runs(
+        [results.experiment_id], filter_string="tags.stage = 'finetune'", output_format="pandas"
+    )
     if parents.empty or "tags.missing" not in parents:
         return {}
     parents = parents[parents["tags.missing"].notna() & (parents["tags.missing"] != "")]
@@ -38,8 +39,15 @@ def missing_reasons(results: Results) -> dict[tuple[str, str], str]:
     return {(r["tags.run"], r["tags.task"]): r["tags.missing"] for _, r in parents.iterrows()}
 
 
-def _why(run: str, column: Column, lookup: dict, reasons: dict, unavailable: dict[str, str],
-         finetuned: set[str], pretrained: set[str]) -> str:
+def _why(
+    run: str,
+    column: Column,
+    lookup: dict,
+    reasons: dict,
+    unavailable: dict[str, str],
+    finetuned: set[str],
+    pretrained: set[str],
+) -> str:
     if column.metric == GLUE_AVG:
         absent = [c.name for c in GLUE_AVG_PARTS if (run, c.task, c.metric) not in lookup]
         if len(absent) < len(GLUE_AVG_PARTS) or run in finetuned:
@@ -58,8 +66,9 @@ def _why(run: str, column: Column, lookup: dict, reasons: dict, unavailable: dic
     return f"{column.name}: not fine-tuned on this task (presets.<preset>.finetune.tasks)"
 
 
-def explain(table: BuiltTable, results: Results, reasons: dict[tuple[str, str], str],
-            unavailable: dict[str, str] | None = None) -> None:
+def explain(
+    table: BuiltTable, results: Results, reasons: dict[tuple[str, str], str], unavailable: dict[str, str] | None = None
+) -> None:
     """Add `why` to table.frame: empty where our number is there, else the reason (see the module docstring)."""
     lookup = cell_lookup(results.final_cells())
     finetuned = set(results.cells["run"])
@@ -69,7 +78,7 @@ def explain(table: BuiltTable, results: Results, reasons: dict[tuple[str, str], 
     base_run = table.frame.loc[table.frame["row"] == base, "run"].iloc[0] if base else None
     why = []
     for line in table.frame.itertuples():
-        ours = getattr(line, "ours")
+        ours = line.ours
         if not (isinstance(ours, float) and math.isnan(ours)):
             why.append("")
         elif not line.run:
@@ -77,10 +86,13 @@ def explain(table: BuiltTable, results: Results, reasons: dict[tuple[str, str], 
         else:
             column = columns[line.column]
             own = (line.run, column.task, column.metric) in lookup or (
-                column.metric == GLUE_AVG and all((line.run, c.task, c.metric) in lookup for c in GLUE_AVG_PARTS))
-            if own and base and line.row != base:   # a difference from the base row needs that row too
-                why.append(f"a difference from the {base} row, empty: "
-                           + _why(base_run, column, lookup, reasons, unavailable or {}, finetuned, pretrained))
+                column.metric == GLUE_AVG and all((line.run, c.task, c.metric) in lookup for c in GLUE_AVG_PARTS)
+            )
+            if own and base and line.row != base:  # a difference from the base row needs that row too
+                why.append(
+                    f"a difference from the {base} row, empty: "
+                    + _why(base_run, column, lookup, reasons, unavailable or {}, finetuned, pretrained)
+                )
             else:
                 why.append(_why(line.run, column, lookup, reasons, unavailable or {}, finetuned, pretrained))
     table.frame["why"] = pd.Series(why, index=table.frame.index, dtype=object)

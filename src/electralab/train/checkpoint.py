@@ -63,7 +63,7 @@ class Checkpointer:
                 state = torch.load(path, map_location="cpu", weights_only=False)
             except FileNotFoundError:
                 continue
-            except Exception as e:   # unreadable: truncated, not a torch file
+            except Exception as e:  # unreadable: truncated, not a torch file
                 self._set_aside(path, f"it does not load ({type(e).__name__}: {str(e)[:200]})")
                 continue
             return state if state.get("fingerprint") == self.fingerprint else None
@@ -73,10 +73,13 @@ class Checkpointer:
         aside = self.directory.parent / f"{self.directory.name}.{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
             os.replace(path, aside)
-        except FileNotFoundError:   # another rank of the same run set it aside first
+        except FileNotFoundError:  # another rank of the same run set it aside first
             return
-        print(f"warning: checkpoint {path} is corrupt: {why}; set aside as {aside}, resuming from the one before "
-              f"it if there is one", file=sys.stderr)
+        print(
+            f"warning: checkpoint {path} is corrupt: {why}; set aside as {aside}, resuming from the one before "
+            f"it if there is one",
+            file=sys.stderr,
+        )
 
     def save(self, state: dict) -> None:
         """Write, sync and checksum the new state, then rotate: state.pt -> state.prev.pt, new -> state.pt.
@@ -93,7 +96,7 @@ class Checkpointer:
         new, latest = sha256_file(name), self.directory / STATE
         old = sha256_file(latest) if latest.exists() else None
         kept = [d for d in (old, *sorted(self._trusted() or ())) if d]
-        self._record([new, *kept])                  # trusted before it has a name a resume would read
+        self._record([new, *kept])  # trusted before it has a name a resume would read
         if latest.exists():
             os.replace(latest, self.directory / PREVIOUS)
         os.replace(name, latest)

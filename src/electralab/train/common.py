@@ -14,21 +14,22 @@ import platform
 import torch
 
 
-def make_adamw(module: torch.nn.Module, *, lr: float, betas: tuple[float, float], eps: float,
-               weight_decay: float) -> torch.optim.AdamW:
+def make_adamw(
+    module: torch.nn.Module, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float
+) -> torch.optim.AdamW:
     """AdamW (decoupled weight decay, as fairseq's Adam); no weight decay on biases and LayerNorm (BERT)."""
     decay, no_decay = [], []
     for p in module.parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = all(p.is_cuda for p in decay + no_decay)   # one kernel on CUDA; multi-tensor ops elsewhere
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused,
-                             foreach=None if fused else True)
+    fused = all(p.is_cuda for p in decay + no_decay)  # one kernel on CUDA; multi-tensor ops elsewhere
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused, foreach=None if fused else True)
 
 
-def linear_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int,
-                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def linear_schedule(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up to the peak LR over `warmup_steps`, then linear decay to zero at `total_steps`."""
 
     def factor(step: int) -> float:
@@ -50,7 +51,7 @@ def cpu_has_native_bf16() -> bool:
     project's machines); with it, ~4x faster. The machines differ from day to day: detect, never assume."""
     if platform.machine().lower() in ("x86_64", "amd64"):
         return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    try:   # aarch64: the kernel lists "bf16" among the CPU features
+    try:  # aarch64: the kernel lists "bf16" among the CPU features
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             return any(line.startswith("Features") and " bf16" in line for line in f)
     except OSError:
@@ -58,7 +59,7 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """"auto" -> "bf16" on CUDA with bf16 and on CPUs with native bf16, else "fp32"; others as given."""
+    """ "auto" -> "bf16" on CUDA with bf16 and on CPUs with native bf16, else "fp32"; others as given."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose one of {list(PRECISIONS)}")
     if precision != "auto":

@@ -41,7 +41,7 @@ from electralab.data.loader import PretrainLoader
 from electralab.objectives.common import Objective
 from electralab.train.common import autocast
 
-DETECTORS = ("rtd", "copy")   # binary heads whose loss is read against the base rate
+DETECTORS = ("rtd", "copy")  # binary heads whose loss is read against the base rate
 
 
 def binary_entropy(p: float) -> float:
@@ -67,18 +67,28 @@ def token_cosine(hidden: torch.Tensor, attention_mask: torch.Tensor) -> float:
 class HeldOut:
     """Fixed held-out micro-batches (the validation split, masked as the run masks) and what a unigram
     guess scores on them."""
+
     batches: list[Batch]
     unigram_accuracy: float
 
     @classmethod
-    def from_shards(cls, shards_dir: Path, masking: MaskingConfig, batches: int, micro_batch_size: int,
-                    seed: int, device: torch.device) -> "HeldOut":
-        loader = PretrainLoader(shards_dir, "validation", micro_batch_size=micro_batch_size, seed=seed,
-                                masking=masking, verify=False)
+    def from_shards(
+        cls,
+        shards_dir: Path,
+        masking: MaskingConfig,
+        batches: int,
+        micro_batch_size: int,
+        seed: int,
+        device: torch.device,
+    ) -> "HeldOut":
+        loader = PretrainLoader(
+            shards_dir, "validation", micro_batch_size=micro_batch_size, seed=seed, masking=masking, verify=False
+        )
         chosen = [b for _, b in zip(range(batches), loader)]
-        if not chosen:   # no validation blocks (validation_fraction 0): a fixed draw of training blocks
-            loader = PretrainLoader(shards_dir, "train", micro_batch_size=micro_batch_size, seed=seed + 7919,
-                                    masking=masking, verify=False)
+        if not chosen:  # no validation blocks (validation_fraction 0): a fixed draw of training blocks
+            loader = PretrainLoader(
+                shards_dir, "train", micro_batch_size=micro_batch_size, seed=seed + 7919, masking=masking, verify=False
+            )
             chosen = [b for _, b in zip(range(batches), loader)]
         targets = torch.cat([b.input_ids[b.mlm_mask] for b in chosen])
         unigram = float(torch.bincount(targets).max() / max(1, targets.numel()))
@@ -100,7 +110,7 @@ class HeldOut:
 
         devices = [b.input_ids.device for b in self.batches[:1] if b.input_ids.is_cuda]
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(0)   # the same generator samples at every check
+            torch.manual_seed(0)  # the same generator samples at every check
             for batch in self.batches:
                 with autocast(batch.input_ids.device, precision):
                     out = objective(batch, progress=1.0)
@@ -124,19 +134,25 @@ def collapse(diagnostics: dict[str, float], guard: GuardConfig) -> str | None:
     problems = []
     cosine = diagnostics.get("token_cosine")
     if cosine is not None and cosine >= guard.max_token_cosine:
-        problems.append(f"the final layer gives one vector for every token (mean cosine between tokens "
-                        f"{cosine:.4f} >= {guard.max_token_cosine})")
+        problems.append(
+            f"the final layer gives one vector for every token (mean cosine between tokens "
+            f"{cosine:.4f} >= {guard.max_token_cosine})"
+        )
     for prefix in DETECTORS:
         gain = diagnostics.get(f"{prefix}_base_rate_gain")
         if gain is not None and gain < guard.min_base_rate_gain:
-            problems.append(f"the {prefix} detector predicts only the base rate (its held-out loss is "
-                            f"{gain:.1%} below the entropy of the replaced fraction, need "
-                            f"{guard.min_base_rate_gain:.0%}; accuracy on replaced tokens "
-                            f"{diagnostics.get(f'{prefix}_acc_replaced', float('nan')):.3f})")
+            problems.append(
+                f"the {prefix} detector predicts only the base rate (its held-out loss is "
+                f"{gain:.1%} below the entropy of the replaced fraction, need "
+                f"{guard.min_base_rate_gain:.0%}; accuracy on replaced tokens "
+                f"{diagnostics.get(f'{prefix}_acc_replaced', float('nan')):.3f})"
+            )
     gain = diagnostics.get("mlm_unigram_gain")
     if gain is not None and gain <= 0:
-        problems.append(f"the MLM is no better than guessing the most frequent token (accuracy "
-                        f"{diagnostics['mlm_acc']:.3f}, unigram guess {diagnostics['mlm_acc'] - gain:.3f})")
+        problems.append(
+            f"the MLM is no better than guessing the most frequent token (accuracy "
+            f"{diagnostics['mlm_acc']:.3f}, unigram guess {diagnostics['mlm_acc'] - gain:.3f})"
+        )
     return "; ".join(problems) or None
 
 

@@ -28,10 +28,10 @@ import torch
 
 from electralab.batch import Batch
 from electralab.config import PretrainConfig
-from electralab.errors import ConfigError, DataError, RepresentationCollapsed, TrainingDiverged
 from electralab.data.loader import PretrainLoader
 from electralab.data.progress import progress_bar
 from electralab.data.shards import read_shards_manifest
+from electralab.errors import ConfigError, DataError, RepresentationCollapsed, TrainingDiverged
 from electralab.export import save_encoder
 from electralab.io import atomic_dir, fingerprint, write_json
 from electralab.model.encoder import count_parameters, set_dropout
@@ -47,6 +47,7 @@ from electralab.train.track import Tracker
 @dataclass(frozen=True)
 class Dist:
     """Where this process sits in a data-parallel job (rank 0 of 1 when run in-process)."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -56,32 +57,46 @@ class Dist:
         return self.rank == 0
 
 
-def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Path, *,
-             vocab_dir: Path | None = None, dist: Dist = Dist(), show_progress: bool = True,
-             stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+def pretrain(
+    run: ResolvedRun,
+    shards_dir: Path,
+    out_dir: Path,
+    scratch_dir: Path,
+    *,
+    vocab_dir: Path | None = None,
+    dist: Dist = Dist(),
+    show_progress: bool = True,
+    stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
     if stop is not None and dist.world_size > 1:
         raise ValueError("pretrain: stop is for one process (ranks would stop at different steps)")
     cfg = run.pretrain
     device = choose_device(cfg, dist)
-    precision = resolve_precision(cfg.precision, device)   # once: "bf16" where the hardware has it
+    precision = resolve_precision(cfg.precision, device)  # once: "bf16" where the hardware has it
     accumulation = accumulation_steps(cfg, dist.world_size)
-    manifest = read_shards_manifest(shards_dir)   # a DataError naming the file when missing or corrupt
+    manifest = read_shards_manifest(shards_dir)  # a DataError naming the file when missing or corrupt
     vocab_size = int(manifest["vocab_size"])
-    checkpointer = Checkpointer(scratch_dir, fingerprint(run.as_params(), manifest.get("config_hash"),
-                                                         dist.world_size))
+    checkpointer = Checkpointer(scratch_dir, fingerprint(run.as_params(), manifest.get("config_hash"), dist.world_size))
 
-    torch.manual_seed(run.seed)   # identical initial weights on every rank
+    torch.manual_seed(run.seed)  # identical initial weights on every rank
     objective = build_objective(run.method, run.settings, run.model, run.generators, vocab_size).to(device)
     if cfg.dropout is not None:
-        set_dropout(objective, cfg.dropout)   # pretraining only: the export keeps the model's dropout
+        set_dropout(objective, cfg.dropout)  # pretraining only: the export keeps the model's dropout
     model = wrap_ddp(objective, device) if dist.world_size > 1 else objective
     optimizer = make_optimizer(objective, cfg)
     schedule = make_schedule(optimizer, cfg)
-    loader = PretrainLoader(shards_dir, "train", micro_batch_size=cfg.micro_batch_size, seed=run.seed,
-                            masking=run.settings.masking, rank=dist.rank, world_size=dist.world_size)
+    loader = PretrainLoader(
+        shards_dir,
+        "train",
+        micro_batch_size=cfg.micro_batch_size,
+        seed=run.seed,
+        masking=run.settings.masking,
+        rank=dist.rank,
+        world_size=dist.world_size,
+    )
 
     state = checkpointer.load()
-    orphan = checkpointer.recorded_mlflow_run() if state is None else None   # read before the clear below
+    orphan = checkpointer.recorded_mlflow_run() if state is None else None  # read before the clear below
     if state is None:
         if dist.is_main:
             checkpointer.clear()  # nothing of a different configuration survives
@@ -93,31 +108,41 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
         # Rank 0 saved its loader position; every rank is at the same position of its own part.
         loader.load_state_dict({**state["loader"], "rank": dist.rank})
         step, elapsed, last_logged = state["step"], state["elapsed"], state["last_logged"]
-    tracker = (Tracker.start(run, resume_id=state and state.get("mlflow_run_id"), orphan_id=orphan)
-               if dist.is_main else None)
+    tracker = (
+        Tracker.start(run, resume_id=state and state.get("mlflow_run_id"), orphan_id=orphan) if dist.is_main else None
+    )
     if tracker:
         checkpointer.record_mlflow_run(tracker.run_id)
         tracker.tag(precision=precision, cpu_native_bf16=cpu_has_native_bf16())
-    heldout = HeldOut.from_shards(shards_dir, run.settings.masking, cfg.guard.batches, cfg.micro_batch_size,
-                                  run.seed, device) if dist.is_main and objective.trains else None
-    batches = iter(loader)   # infinite; loader.state_dict() always points at the next batch
-    if heldout is not None and step == 0:   # the diagnostics at initialisation: the baseline of every curve
+    heldout = (
+        HeldOut.from_shards(shards_dir, run.settings.masking, cfg.guard.batches, cfg.micro_batch_size, run.seed, device)
+        if dist.is_main and objective.trains
+        else None
+    )
+    batches = iter(loader)  # infinite; loader.state_dict() always points at the next batch
+    if heldout is not None and step == 0:  # the diagnostics at initialisation: the baseline of every curve
         tracker.log({f"heldout_{k}": v for k, v in heldout.measure(objective, precision).items()}, 0)
 
     tokens_per_step = cfg.batch_size * int(manifest["seq_len"])
-    fraction_steps: dict[int, list[float]] = {}   # two fractions of a short run can fall on one step
+    fraction_steps: dict[int, list[float]] = {}  # two fractions of a short run can fall on one step
     for f in cfg.checkpoint_fractions:
         fraction_steps.setdefault(max(1, round(f * cfg.steps)), []).append(f)
     devices = dist.world_size
     peak = peak_flops(device, precision)
     meter = Meter()
     flops_per_step: float | None = state.get("flops_per_step") if state else None
-    bar = progress_bar(total=cfg.steps, initial=step, desc=f"pretrain {run.name}", unit="step",
-                       disable=not (show_progress and dist.is_main), dynamic_ncols=True)
+    bar = progress_bar(
+        total=cfg.steps,
+        initial=step,
+        desc=f"pretrain {run.name}",
+        unit="step",
+        disable=not (show_progress and dist.is_main),
+        dynamic_ncols=True,
+    )
     window_start, window_steps = time.perf_counter(), 0
     objective.train()
     try:
-        while objective.trains and step < cfg.steps:   # the no-pretraining control takes no step
+        while objective.trains and step < cfg.steps:  # the no-pretraining control takes no step
             seed_step(run.seed, step, dist.rank)
             loss_sum = torch.zeros((), device=device)
             for micro in range(accumulation):
@@ -129,7 +154,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                         (out.loss / accumulation).backward()
                     return out
 
-                if flops_per_step is None:   # count the model FLOPs of one micro-batch, once
+                if flops_per_step is None:  # count the model FLOPs of one micro-batch, once
                     out, flops = count_flops(forward_backward)
                     flops_per_step = float(flops) * accumulation * dist.world_size
                 else:
@@ -141,21 +166,26 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
             if not (math.isfinite(loss) and math.isfinite(float(grad_norm))):
                 raise TrainingDiverged(
                     f"run {run.name}: loss={loss} grad_norm={float(grad_norm)} at step {step + 1}; the last "
-                    f"good checkpoint is kept in {checkpointer.state_path}")
+                    f"good checkpoint is kept in {checkpointer.state_path}"
+                )
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
-            meter.add({"loss": loss_sum / accumulation, "grad_norm": grad_norm.detach()})   # on the device
+            meter.add({"loss": loss_sum / accumulation, "grad_norm": grad_norm.detach()})  # on the device
             bar.update(1)
 
             if step % cfg.log_every == 0 or step == cfg.steps:
                 seconds = time.perf_counter() - window_start
                 elapsed += seconds
-                speed = {"tokens_per_s": tokens_per_step * window_steps / seconds,
-                         "step_time_s": seconds / window_steps, "lr": schedule.get_last_lr()[0],
-                         "wall_hours": elapsed / 3600, "device_hours": elapsed * devices / 3600}
+                speed = {
+                    "tokens_per_s": tokens_per_step * window_steps / seconds,
+                    "step_time_s": seconds / window_steps,
+                    "lr": schedule.get_last_lr()[0],
+                    "wall_hours": elapsed / 3600,
+                    "device_hours": elapsed * devices / 3600,
+                }
                 if flops_per_step and peak:
                     speed["mfu"] = flops_per_step * window_steps / seconds / (peak * devices)
                 logged = {**meter.means(), **speed}
@@ -169,7 +199,7 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
             if heldout is not None and (step % cfg.guard.every == 0 or step == cfg.steps):
                 started = time.perf_counter()
                 diagnostics = heldout.measure(objective, precision)
-                seconds = time.perf_counter() - started   # in the wall clock, not in the tokens/s of training
+                seconds = time.perf_counter() - started  # in the wall clock, not in the tokens/s of training
                 elapsed, window_start = elapsed + seconds, window_start + seconds
                 tracker.log({f"heldout_{k}": v for k, v in diagnostics.items()}, step)
                 last_logged = {**last_logged, **{f"heldout_{k}": v for k, v in diagnostics.items()}}
@@ -177,7 +207,8 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                 if problem and guard_active(step, cfg.steps, cfg.warmup_steps, cfg.guard):
                     raise RepresentationCollapsed(
                         f"run {run.name} collapsed at step {step}: {problem}. Its numbers would say nothing; "
-                        f"docs/training.md (collapse guard) says what to change")
+                        f"docs/training.md (collapse guard) says what to change"
+                    )
 
             # The fraction first: a resume starts after the checkpoint's step, so a fraction at that step
             # must exist before the checkpoint does (a kill in between would otherwise lose it for good).
@@ -186,48 +217,73 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
                 for fraction in fraction_steps[step]:
                     save_fraction(checkpointer, objective, fraction, step, so_far, devices)
             pause = stop is not None and step < cfg.steps and stop()
-            if pause:   # the unlogged window's seconds still count towards the run's hours
+            if pause:  # the unlogged window's seconds still count towards the run's hours
                 elapsed += time.perf_counter() - window_start
             if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps or pause):
-                checkpointer.save({"model": objective.state_dict(), "optimizer": optimizer.state_dict(),
-                                   "schedule": schedule.state_dict(), "loader": loader.state_dict(),
-                                   "step": step, "elapsed": elapsed, "last_logged": last_logged,
-                                   "flops_per_step": flops_per_step,
-                                   "mlflow_run_id": tracker.run_id if tracker else None})
+                checkpointer.save(
+                    {
+                        "model": objective.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "schedule": schedule.state_dict(),
+                        "loader": loader.state_dict(),
+                        "step": step,
+                        "elapsed": elapsed,
+                        "last_logged": last_logged,
+                        "flops_per_step": flops_per_step,
+                        "mlflow_run_id": tracker.run_id if tracker else None,
+                    }
+                )
             if pause:
                 break
         # Fine-tuning would drop a missing point of the efficiency curves without a word: refuse instead.
         # (The no-pretraining control has no training to take fractions of; a paused run has its later
         # fractions still to come.)
-        if (dist.is_main and objective.trains and step >= cfg.steps
-                and (missing := checkpointer.missing_fractions(cfg.checkpoint_fractions))):
-            raise DataError(f"run {run.name}: the fraction checkpoints {', '.join(missing)} are missing from "
-                            f"{checkpointer.directory / 'fractions'} (a scratch of an earlier version, or edited); "
-                            f"delete {checkpointer.directory} to train the run again")
+        if (
+            dist.is_main
+            and objective.trains
+            and step >= cfg.steps
+            and (missing := checkpointer.missing_fractions(cfg.checkpoint_fractions))
+        ):
+            raise DataError(
+                f"run {run.name}: the fraction checkpoints {', '.join(missing)} are missing from "
+                f"{checkpointer.directory / 'fractions'} (a scratch of an earlier version, or edited); "
+                f"delete {checkpointer.directory} to train the run again"
+            )
     except BaseException as error:
         bar.close()
         if tracker:
             tracker.fail(error)
         raise
     bar.close()
-    if objective.trains and step < cfg.steps:   # stopped by `stop`; the checkpoint resumes it
+    if objective.trains and step < cfg.steps:  # stopped by `stop`; the checkpoint resumes it
         tracker.pause(step)
-        print(f"pretrain {run.name}: paused at step {step} of {cfg.steps}; the next call resumes "
-              f"from {checkpointer.state_path}")
+        print(
+            f"pretrain {run.name}: paused at step {step} of {cfg.steps}; the next call resumes "
+            f"from {checkpointer.state_path}"
+        )
         return {"paused": True, "steps": step, "wall_hours": elapsed / 3600}
 
-    summary = {**last_logged, "steps": step, "tokens": step * tokens_per_step,
-               "flops_per_step": flops_per_step or 0.0, "params_main": count_parameters(objective.main_encoder()),
-               "params_total": count_parameters(objective), "devices": devices,
-               "wall_hours": elapsed / 3600, "device_hours": elapsed * devices / 3600}
+    summary = {
+        **last_logged,
+        "steps": step,
+        "tokens": step * tokens_per_step,
+        "flops_per_step": flops_per_step or 0.0,
+        "params_main": count_parameters(objective.main_encoder()),
+        "params_total": count_parameters(objective),
+        "devices": devices,
+        "wall_hours": elapsed / 3600,
+        "device_hours": elapsed * devices / 3600,
+    }
     if dist.is_main:
-        summary["mlflow_run_id"] = tracker.run_id   # the report matches the workspace's outputs to their run
+        summary["mlflow_run_id"] = tracker.run_id  # the report matches the workspace's outputs to their run
         # Outputs, then MLflow; the caller clears the scratch last, after its metrics file: a kill anywhere
         # in between resumes from the final checkpoint and redoes only these steps (docs/training.md).
         write_outputs(objective, out_dir, checkpointer, summary, vocab_dir)
         tracker.finish(summary, out_dir)
-        print(f"pretrain {run.name}: {step} steps, loss {summary.get('loss', float('nan')):.4f}, "
-              f"{summary.get('tokens_per_s', 0.0):.0f} tokens/s, {summary['wall_hours'] * 60:.1f} min -> {out_dir}")
+        print(
+            f"pretrain {run.name}: {step} steps, loss {summary.get('loss', float('nan')):.4f}, "
+            f"{summary.get('tokens_per_s', 0.0):.0f} tokens/s, {summary['wall_hours'] * 60:.1f} min -> {out_dir}"
+        )
     return summary
 
 
@@ -235,12 +291,15 @@ def pretrain(run: ResolvedRun, shards_dir: Path, out_dir: Path, scratch_dir: Pat
 # The pieces, in the order the loop uses them
 # --------------------------------------------------------------------------------------------
 
+
 def choose_device(cfg: PretrainConfig, dist: Dist) -> torch.device:
     if not cfg.use_gpu:
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ConfigError("pretrain.use_gpu=true but no CUDA device is visible; set "
-                          "presets.<preset>.pretrain.use_gpu=false to train on the CPU")
+        raise ConfigError(
+            "pretrain.use_gpu=true but no CUDA device is visible; set "
+            "presets.<preset>.pretrain.use_gpu=false to train on the CPU"
+        )
     torch.cuda.set_device(dist.local_rank)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -250,8 +309,10 @@ def choose_device(cfg: PretrainConfig, dist: Dist) -> torch.device:
 def accumulation_steps(cfg: PretrainConfig, world_size: int) -> int:
     per_step = cfg.micro_batch_size * world_size
     if cfg.batch_size % per_step:
-        raise ConfigError(f"pretrain.batch_size={cfg.batch_size} is not a multiple of micro_batch_size="
-                          f"{cfg.micro_batch_size} x num_workers={world_size}")
+        raise ConfigError(
+            f"pretrain.batch_size={cfg.batch_size} is not a multiple of micro_batch_size="
+            f"{cfg.micro_batch_size} x num_workers={world_size}"
+        )
     return cfg.batch_size // per_step
 
 
@@ -301,13 +362,13 @@ class Meter:
     def means(self) -> dict[str, float]:
         """Means over the window and, in a data-parallel job, over all ranks (every rank calls this)."""
         names = sorted(self.sums)
-        device = next(iter(self.sums.values())).device   # CUDA under NCCL: every metric lives there
+        device = next(iter(self.sums.values())).device  # CUDA under NCCL: every metric lives there
         sums = torch.stack([self.sums[k].to(device) for k in names])
         counts = torch.stack([self.counts[k].to(device) for k in names])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             both = torch.cat([sums, counts])
             torch.distributed.all_reduce(both)
-            sums, counts = both[: len(names)], both[len(names):]
+            sums, counts = both[: len(names)], both[len(names) :]
         return {k: float(s / c) for k, s, c in zip(names, sums.tolist(), counts.tolist()) if c > 0}
 
     def reset(self) -> None:
@@ -315,16 +376,20 @@ class Meter:
         self.counts.clear()
 
 
-def save_fraction(checkpointer: Checkpointer, objective: Objective, fraction: float, step: int,
-                  elapsed: float, devices: int) -> None:
+def save_fraction(
+    checkpointer: Checkpointer, objective: Objective, fraction: float, step: int, elapsed: float, devices: int
+) -> None:
     directory = checkpointer.fraction_dir(fraction)
     save_encoder(objective.main_encoder(), directory / "encoder")
-    write_meta(directory, {"fraction": fraction, "step": step, "wall_hours": elapsed / 3600,
-                           "device_hours": elapsed * devices / 3600})
+    write_meta(
+        directory,
+        {"fraction": fraction, "step": step, "wall_hours": elapsed / 3600, "device_hours": elapsed * devices / 3600},
+    )
 
 
-def write_outputs(objective: Objective, out_dir: Path, checkpointer: Checkpointer, summary: dict,
-                  vocab_dir: Path | None) -> None:
+def write_outputs(
+    objective: Objective, out_dir: Path, checkpointer: Checkpointer, summary: dict, vocab_dir: Path | None
+) -> None:
     """models/<run>/: encoder/ (ours; the export stage makes the Hugging Face one from it), auxiliary.pt,
     fractions/<pct>/, summary.json, written in one atomic rename."""
     encoder = objective.main_encoder()

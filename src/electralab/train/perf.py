@@ -10,8 +10,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 # Dense bf16 tensor-core peaks (no sparsity) from the vendors' data sheets, in FLOP/s.
 CUDA_BF16_PEAK = {
-    "H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "A10G": 70e12, "L4": 121e12, "L40S": 362e12,
-    "V100": 125e12,   # V100 has no bf16: its fp16 tensor-core peak
+    "H200": 989.4e12,
+    "H100": 989.4e12,
+    "A100": 312e12,
+    "A10G": 70e12,
+    "L4": 121e12,
+    "L40S": 362e12,
+    "V100": 125e12,  # V100 has no bf16: its fp16 tensor-core peak
 }
 
 
@@ -32,7 +37,7 @@ def cpu_matmul_peak(size: int = 1024, seconds: float = 0.3, dtype: torch.dtype =
     while time.perf_counter() - start < seconds:
         a @ b
         n += 1
-    return 2 * size ** 3 * n / (time.perf_counter() - start)
+    return 2 * size**3 * n / (time.perf_counter() - start)
 
 
 def peak_flops(device: torch.device, precision: str = "fp32") -> float | None:

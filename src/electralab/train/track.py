@@ -19,8 +19,15 @@ from electralab.runs import ResolvedRun
 
 def _tags(run: ResolvedRun) -> dict[str, str]:
     # threads: what this process trains with (electralab.cli.set_threads), for reading tokens/s across machines
-    return tracking.run_tags(run=run.name, method=run.method, tables=run.tables, preset=run.preset,
-                             seed=run.seed, stage="pretrain", threads=torch.get_num_threads())
+    return tracking.run_tags(
+        run=run.name,
+        method=run.method,
+        tables=run.tables,
+        preset=run.preset,
+        seed=run.seed,
+        stage="pretrain",
+        threads=torch.get_num_threads(),
+    )
 
 
 class Tracker:
@@ -29,8 +36,9 @@ class Tracker:
         self.run_id = run_id
 
     @classmethod
-    def start(cls, run: ResolvedRun, resume_id: str | None = None,
-              orphan_id: str | None = None) -> "Tracker | FileTracker":
+    def start(
+        cls, run: ResolvedRun, resume_id: str | None = None, orphan_id: str | None = None
+    ) -> "Tracker | FileTracker":
         """A new run, or the interrupted one again when resuming (one tracked run per run).
         `orphan_id`: the run of an attempt killed before it left a checkpoint to resume; it is closed as
         KILLED rather than left RUNNING forever."""
@@ -39,8 +47,9 @@ class Tracker:
         if tracking.backend() == "file":
             return FileTracker.start(run, resume_id)
         mlflow = tracking.mlflow_module()
-        active = tracking.start_run(preset=run.preset, run_name=run.name, tags=_tags(run), run_id=resume_id,
-                                    system_metrics=True)
+        active = tracking.start_run(
+            preset=run.preset, run_name=run.name, tags=_tags(run), run_id=resume_id, system_metrics=True
+        )
         if resume_id is None:
             mlflow.log_params(tracking.flat_params(run.as_params()))
             if run.spec.description:
@@ -63,7 +72,7 @@ class Tracker:
     def pause(self, step: int) -> None:
         self.mlflow.flush_async_logging()
         self.mlflow.set_tag("paused_at_step", str(step))
-        self.mlflow.end_run("KILLED")   # ended: another run may start in this process; resuming reopens it
+        self.mlflow.end_run("KILLED")  # ended: another run may start in this process; resuming reopens it
 
     def finish(self, summary: dict[str, Any], out_dir: Path) -> None:
         self.mlflow.flush_async_logging()
@@ -112,7 +121,7 @@ class FileTracker:
     def finish(self, summary: dict[str, Any], out_dir: Path) -> None:
         numbers = {f"final_{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
         self.client.log_metrics(self.run_id, tracking.finite_metrics(numbers), 0)
-        self.client.log_artifacts(self.run_id, out_dir / "encoder", "encoder")   # weights: named, not copied
+        self.client.log_artifacts(self.run_id, out_dir / "encoder", "encoder")  # weights: named, not copied
         if (out_dir / "auxiliary.pt").exists():
             self.client.log_artifact(self.run_id, out_dir / "auxiliary.pt")
         self.client.log_artifact(self.run_id, out_dir / "summary.json")
