@@ -1,0 +1,106 @@
+"""The held-out diagnostics of one pretraining run, step by step: how a run learns or collapses.
+
+    ELECTRALAB_DATA=../shared/data PYTHONPATH=src python bench/heldout_trace.py electra --steps 1000
+    ... electra --steps 1000 --set model.detector_bias=zero            # the papers' detector init
+    ... electra --steps 1000 --set pretrain.lr=1e-4 --every 25
+    ... electra --set 'model={"hidden": 128, "layers": 4, "heads": 2, "ffn": 512, "embedding": 128}'
+
+It trains the active preset's run (the registry's run of that name) with the stage's own loop for `--steps`
+steps, the warm-up at the preset's fraction of them, the collapse guard measuring every `--every` steps but
+judging only at the end, and prints what the guard sees at each check: the final layer's token cosine, the
+detector's gain over the base rate (RTD or COCO-LM's copy head), the generator's and the MLM's accuracy. The
+preset's data (corpus, vocabulary, shards) is built once under `--out/data`, as bench/signal_sweep.py does.
+`--set section.key=value` overrides a key of the preset (model, generators, pretrain) or of the method's
+settings (settings.<key>); a value is read as YAML. docs/training.md and docs/reproducing.md cite its runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+SHOWN = {
+    "token_cosine": "cosine",
+    "rtd_base_rate_gain": "rtd gain",
+    "copy_base_rate_gain": "copy gain",
+    "gen_acc": "gen acc",
+    "mlm_acc": "mlm acc",
+    "mlm_unigram_gain": "mlm gain",
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", help="a run of params.yaml runs:")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--every", type=int, default=50, help="steps between held-out checks")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "heldout_trace")
+    args = ap.parse_args()
+
+    from signal_sweep import build_data
+
+    from electralab.config import deep_merge, load_params, parse_params
+    from electralab.runs import resolve_run
+    from electralab.train.loop import pretrain
+
+    shards, vocab = build_data(ROOT / "bench" / "out" / "signal_sweep")
+    params = load_params(ROOT / "params.yaml")
+    raw, preset = params.raw, params.raw["presets"][params.preset]
+    cfg = params.active.pretrain
+    overrides = {
+        "steps": args.steps,
+        "warmup_steps": round(cfg.warmup_steps * args.steps / cfg.steps),
+        "checkpoint_every": args.steps,
+        "checkpoint_fractions": [1.0],
+        "log_every": args.every,
+        "guard": {"every": args.every, "after": 1.0},
+    }
+    preset["pretrain"] = deep_merge(preset["pretrain"], overrides)
+    spec = raw["runs"][args.run]
+    for item in args.set:
+        key, _, value = item.partition("=")
+        *path, last = key.split(".")
+        node = spec.setdefault("settings", {}) if path[:1] == ["settings"] else preset
+        for part in path[1:] if path[:1] == ["settings"] else path:
+            node = node.setdefault(part, {})
+        node[last] = yaml.safe_load(value)
+    run = resolve_run(parse_params(raw), args.run)
+    name = f"trace-{args.run}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = dataclasses.replace(run, name=name)
+    os.environ.setdefault("ELECTRALAB_TRACKING", "file")
+    os.environ["ELECTRALAB_RUNLOG"] = str(args.out / "runlog" / name)
+    print(f"{name}: {' '.join(args.set) or 'the preset as it is'}; load {os.getloadavg()[0]:.1f}", flush=True)
+    began, error = time.perf_counter(), None
+    try:
+        pretrain(
+            run, shards, args.out / "models" / name, args.out / "scratch" / name, vocab_dir=vocab, show_progress=False
+        )
+    except Exception as e:  # a collapsed run still has its trace
+        error = f"{type(e).__name__}: {e}"
+    from electralab.runlog import read_runs
+
+    (logged,) = read_runs(Path(os.environ["ELECTRALAB_RUNLOG"]))
+    at: dict[int, dict[str, float]] = {}
+    for key, value, _, step in logged.metrics:
+        if key.removeprefix("heldout_") in SHOWN and key.startswith("heldout_"):
+            at.setdefault(step, {})[SHOWN[key.removeprefix("heldout_")]] = value
+    columns = [c for c in SHOWN.values() if any(c in row for row in at.values())]
+    print("| step | " + " | ".join(columns) + " |\n|" + "---|" * (len(columns) + 1))
+    for step in sorted(at):
+        print(f"| {step} | " + " | ".join(f"{at[step].get(c, float('nan')):.3f}" for c in columns) + " |")
+    print(f"{(time.perf_counter() - began) / 60:.1f} min, load {os.getloadavg()[0]:.1f}; {error or 'finished'}")
+
+
+if __name__ == "__main__":
+    main()
