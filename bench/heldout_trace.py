@@ -4,6 +4,7 @@
     ... electra --steps 1000 --set model.detector_bias=zero            # the papers' detector init
     ... electra --steps 1000 --set pretrain.lr=1e-4 --every 25
     ... electra --set 'model={"hidden": 128, "layers": 4, "heads": 2, "ffn": 512, "embedding": 128}'
+    ... electra --steps 1000 --set pretrain.lr=1e-4 --finetune stsb mrpc cola sst2    # then fine-tuned
 
 It trains the active preset's run (the registry's run of that name) with the stage's own loop for `--steps`
 steps, the warm-up at the preset's fraction of them, the collapse guard measuring every `--every` steps but
@@ -46,9 +47,11 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=50, help="steps between held-out checks")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "heldout_trace")
+    ap.add_argument("--finetune", nargs="*", metavar="TASK", help="then fine-tune the encoder as the sweep does")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     args = ap.parse_args()
 
-    from signal_sweep import build_data
+    from signal_sweep import build_data, finetune_point
 
     from electralab.config import deep_merge, load_params, parse_params
     from electralab.runs import resolve_run
@@ -100,6 +103,11 @@ def main() -> None:
     for step in sorted(at):
         print(f"| {step} | " + " | ".join(f"{at[step].get(c, float('nan')):.3f}" for c in columns) + " |")
     print(f"{(time.perf_counter() - began) / 60:.1f} min, load {os.getloadavg()[0]:.1f}; {error or 'finished'}")
+    if args.finetune and not error:  # the sweep's protocol: compare with its control point (sweep.md)
+        scores = finetune_point(str(args.out / "models" / name / "encoder"), args.finetune, args.seeds, workers=2)
+        for task, got in scores.items():
+            seeds = ", ".join(f"{v:.1f}" for v in got["seeds"].values())
+            print(f"{task} {got['metric']}: median {got['median']:.1f} (seeds {seeds})")
 
 
 if __name__ == "__main__":
