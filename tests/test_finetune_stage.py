@@ -16,12 +16,12 @@ import torch
 import yaml
 from conftest import ROOT, mirror_root
 from project_helpers import stage_args
+from report_helpers import tiny_encoder
 
-from electralab.config import EncoderConfig, SquadSettings, TrialResources, load_params
+from electralab.config import SquadSettings, TrialResources, load_params
 from electralab.errors import TrialsFailed
 from electralab.export import save_encoder
 from electralab.io import write_json
-from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.runs import resolve_run
 from electralab.tables import REGISTRY
 
@@ -49,21 +49,6 @@ FINETUNE = {
     "resources": {"cpus": 1, "gpus": 0, "local_cpus": 2},
     "max_failures": 1,
 }
-
-
-def tiny_encoder(vocab_size: int, seed: int) -> Encoder:
-    torch.manual_seed(seed)
-    cfg = EncoderConfig(
-        hidden=16,
-        layers=2,
-        heads=2,
-        ffn=32,
-        embedding=16,
-        max_positions=64,
-        relative_buckets=8,
-        relative_max_distance=16,
-    )
-    return Encoder(cfg, make_token_embedding(vocab_size, cfg.embedding))
 
 
 @pytest.fixture(scope="module")

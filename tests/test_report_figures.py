@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F_
-from report_helpers import CORPUS, ENCODER_RUNS, STEPS, VOCAB_SIZE, median_of, tiny_encoder
+from report_helpers import CORPUS, ENCODER_RUNS, HISTORY_RUNS, STEPS, VOCAB_SIZE, median_of, tiny_encoder
 
 from electralab import CLS_ID, SEP_ID
 from electralab.data.vocab import Tokenizer
@@ -35,18 +35,7 @@ def results(store):
 def history(results):
     from electralab.report import HISTORY_METRICS
 
-    runs = [
-        "mlm",
-        "electra",
-        "cocolm",
-        "cocolm_clm_only",
-        "cocolm_all_token_lm",
-        "amos",
-        "amos_gen4",
-        "cocolm_ablation",
-        "amos_ablation",
-    ]
-    return metric_history(results, runs, HISTORY_METRICS)
+    return metric_history(results, list(HISTORY_RUNS), HISTORY_METRICS)
 
 
 def saved(fig, tmp_path, name="f.png") -> bytes:
