@@ -50,14 +50,17 @@ def main() -> None:
     ap.add_argument("--finetune", nargs="*", metavar="TASK", help="then fine-tune the encoder as the sweep does")
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     args = ap.parse_args()
+    bad = [item for item in args.set if "=" not in item or item.startswith("=")]
+    if bad:
+        ap.error(f"--set {bad[0]!r}: give KEY=VALUE, e.g. pretrain.lr=1e-4")
 
     from signal_sweep import build_data, finetune_point
 
     from electralab.config import deep_merge, load_params, parse_params
-    from electralab.runs import resolve_run
+    from electralab.errors import ConfigError
+    from electralab.runs import check_run, resolve_run
     from electralab.train.loop import pretrain
 
-    shards, vocab = build_data(ROOT / "bench" / "out" / "signal_sweep")
     params = load_params(ROOT / "params.yaml")
     raw, preset = params.raw, params.raw["presets"][params.preset]
     cfg = params.active.pretrain
@@ -70,15 +73,23 @@ def main() -> None:
         "guard": {"every": args.every, "after": 1.0},
     }
     preset["pretrain"] = deep_merge(preset["pretrain"], overrides)
+    try:
+        check_run(args.run, raw["runs"])
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
     spec = raw["runs"][args.run]
+    shards, vocab = build_data(ROOT / "bench" / "out" / "signal_sweep")
     for item in args.set:
         key, _, value = item.partition("=")
         *path, last = key.split(".")
-        node = spec.setdefault("settings", {}) if path[:1] == ["settings"] else preset
-        for part in path[1:] if path[:1] == ["settings"] else path:
+        node = spec if path[:1] == ["settings"] else preset  # settings.<key>: the run's; the rest: the preset's
+        for part in path:
             node = node.setdefault(part, {})
         node[last] = yaml.safe_load(value)
-    run = resolve_run(parse_params(raw), args.run)
+    try:  # a --set value out of range or of the wrong type: named by its key, before any training
+        run = resolve_run(parse_params(raw), args.run)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
     name = f"trace-{args.run}-{time.strftime('%Y%m%d-%H%M%S')}"
     run = dataclasses.replace(run, name=name)
     os.environ.setdefault("ELECTRALAB_TRACKING", "file")
