@@ -9,7 +9,9 @@
 It trains the active preset's run (the registry's run of that name) with the stage's own loop for `--steps`
 steps, the warm-up at the preset's fraction of them, the collapse guard measuring every `--every` steps but
 judging only at the end, and prints what the guard sees at each check: the final layer's token cosine, the
-detector's gain over the base rate (RTD or COCO-LM's copy head), the generator's and the MLM's accuracy. The
+detector's gain over the base rate (RTD or COCO-LM's copy head) on its generator's samples and on the fixed
+task of random words from the text (whether it reads context: docs/training.md), the generator's and the
+MLM's accuracy. The
 preset's data (corpus, vocabulary, shards) is built once under `--out/data`, as bench/signal_sweep.py does.
 `--set section.key=value` overrides a key of the preset (model, generators, pretrain) or of the method's
 settings (settings.<key>); a value is read as YAML. docs/training.md and docs/reproducing.md cite its runs.
@@ -37,6 +39,7 @@ SHOWN = {
     "gen_acc": "gen acc",
     "mlm_acc": "mlm acc",
     "mlm_unigram_gain": "mlm gain",
+    "detector_unigram_gain": "fixed-task gain",
 }
 
 

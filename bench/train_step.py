@@ -1,24 +1,28 @@
 """Benchmark: our ELECTRA training step against Hugging Face transformers' ELECTRA, side by side in
 one process, identical configuration.
 
-    python bench/train_step.py                       # CPU, ELECTRA-Small, seq 128, batch 32, fp32
-    python bench/train_step.py --device cuda --bf16  # GPU: the same comparison under bf16 autocast
-    python bench/train_step.py --device cuda --bf16 --config base --seq-len 512 --batch-size 32 --ours-only
-    python bench/train_step.py --profile             # where our step's time goes (torch.profiler, by operator)
+    python bench/train_step.py                     # CPU, ELECTRA-Small, seq 128, batch 32: fp32 and bf16
+    python bench/train_step.py --config tiny       # the tiny preset's shape (12 x 64, vocab 8,192, no dropout)
+    python bench/train_step.py --device cuda --precision bf16   # GPU: the same comparison under bf16 autocast
+    python bench/train_step.py --device cuda --precision bf16 --config base --seq-len 512 --ours-only
+    python bench/train_step.py --profile           # where our step's time goes (torch.profiler, by operator)
 
 Peer: ElectraForMaskedLM (generator) + ElectraForPreTraining (discriminator) with tied embeddings,
-the same sampling and a 50x RTD weight; both use AdamW. Reported: tokens/s, step time, executed
-GFLOP/s (FlopCounterMode: matmuls and attention, forward + backward) and, against the device's peak
-(the measured fp32 matmul peak on CPU, the data-sheet bf16 peak on GPU), model FLOP utilisation.
-Peak memory per implementation comes from a child process each (RSS on CPU, max allocated on GPU).
-Results are printed and written to bench/out/train_step.json.
+the same sampling and a 50x RTD weight; both use AdamW. `--precision best` (the default) times each
+implementation in fp32 and, where the device computes bf16 natively (`electralab.train.common.
+resolve_precision("auto")`), under bf16 autocast too, all interleaved in one run, and compares each
+implementation's best mode (issue 12: ours >= 2x the peer's best). Reported per implementation and
+precision: tokens/s, step time, executed GFLOP/s (FlopCounterMode: matmuls and attention, forward +
+backward) and, against the device's peak in that precision (the CPU's matmul peak measured in the same
+run; the data-sheet bf16 peak on GPU), model FLOP utilisation. Peak memory comes from a child process
+each (RSS on CPU, max allocated on GPU). Results are printed and written to bench/out/.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -35,18 +39,36 @@ from electralab import MASK_ID  # noqa: E402
 from electralab.batch import Batch  # noqa: E402
 from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes  # noqa: E402
 from electralab.objectives.electra import Electra, Settings  # noqa: E402
+from electralab.train.common import autocast, resolve_precision  # noqa: E402
 from electralab.train.perf import count_flops, peak_flops  # noqa: E402
 
-CONFIGS = {
+CONFIGS = {  # name -> (main model, generator, vocabulary size)
     # ELECTRA-Small (Clark et al. 2020 Table 6; TEAMS Table 5): generator 1/4 width.
     "small": (
         EncoderConfig(hidden=256, layers=12, heads=4, ffn=1024, embedding=128, relative_positions=False),
         GeneratorSize(hidden=64, heads=1, ffn=256),
+        30522,
+    ),
+    # The tiny preset's shape (params.yaml), absolute positions for the peer, no dropout as it pretrains.
+    "tiny": (
+        EncoderConfig(
+            hidden=64,
+            layers=12,
+            heads=2,
+            ffn=256,
+            embedding=64,
+            relative_positions=False,
+            dropout=0.0,
+            attention_dropout=0.0,
+        ),
+        GeneratorSize(hidden=32, heads=1, ffn=128),
+        8192,
     ),
     # BERT-base main model, ELECTRA-Base generator (1/3 width).
     "base": (
         EncoderConfig(hidden=768, layers=12, heads=12, ffn=3072, embedding=768, relative_positions=False),
         GeneratorSize(hidden=256, heads=4, ffn=1024),
+        30522,
     ),
 }
 
@@ -65,11 +87,12 @@ class Ours:
     name = "electralab"
 
     def __init__(self, main: EncoderConfig, gen: GeneratorSize, vocab: int, device: torch.device):
+        self.device = device
         self.model = Electra(main, GeneratorSizes(electra=gen), vocab, Settings()).to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
 
-    def step(self, batch: Batch, autocast) -> float:
-        with autocast():
+    def step(self, batch: Batch, precision: str) -> float:
+        with autocast(self.device, precision):
             loss = self.model(batch).loss
         loss.backward()
         self.opt.step()
@@ -83,6 +106,7 @@ class HuggingFace:
     def __init__(self, main: EncoderConfig, gen: GeneratorSize, vocab: int, device: torch.device):
         from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 
+        self.device = device
         common = dict(
             vocab_size=vocab,
             embedding_size=main.embedding,
@@ -114,9 +138,9 @@ class HuggingFace:
         params = {id(p): p for m in (self.disc, self.gen) for p in m.parameters()}
         self.opt = torch.optim.AdamW(params.values(), lr=1e-4)
 
-    def step(self, batch: Batch, autocast) -> float:
+    def step(self, batch: Batch, precision: str) -> float:
         labels = batch.input_ids.masked_fill(~batch.mlm_mask, -100)
-        with autocast():
+        with autocast(self.device, precision):
             gen = self.gen(input_ids=batch.masked_ids, attention_mask=batch.attention_mask.long(), labels=labels)
             with torch.no_grad():
                 logits = gen.logits[batch.mlm_mask].float()
@@ -140,16 +164,16 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(impls, batch, autocast, steps: int, device: torch.device) -> dict[str, list[float]]:
-    """Interleave the implementations step by step so drift affects both alike."""
-    times = {impl.name: [] for impl in impls}
+def time_steps(runs, batch, steps: int, device: torch.device) -> dict[tuple[str, str], list[float]]:
+    """Interleave every (implementation, precision) step by step so drift affects all alike."""
+    times = {(impl.name, precision): [] for impl, precision in runs}
     for _ in range(steps):
-        for impl in impls:
+        for impl, precision in runs:
             sync(device)
             start = time.perf_counter()
-            impl.step(batch, autocast)
+            impl.step(batch, precision)
             sync(device)
-            times[impl.name].append(time.perf_counter() - start)
+            times[impl.name, precision].append(time.perf_counter() - start)
     return times
 
 
@@ -162,28 +186,19 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: no fork inheritance issue
 
 
-def peak_memory(args, which: str) -> float:
+def peak_memory(args, which: str, precision: str) -> float:
     """Peak memory (MB) of `which` in a fresh child process: RSS on CPU, max allocated on GPU."""
-    cmd = [
-        sys.executable,
-        __file__,
-        "--memory-probe",
-        which,
-        "--device",
-        args.device,
-        "--config",
-        args.config,
-        "--seq-len",
-        str(args.seq_len),
-        "--batch-size",
-        str(args.batch_size),
-        "--vocab",
-        str(args.vocab),
-    ]
-    if args.bf16:
-        cmd.append("--bf16")
+    cmd = [sys.executable, __file__, "--memory-probe", which, "--device", args.device, "--config", args.config]
+    cmd += ["--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--precision", precision]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def precisions(choice: str, device: torch.device) -> list[str]:
+    """`best`: fp32, and bf16 where the device computes it natively; otherwise the one asked for."""
+    if choice == "best":
+        return ["fp32", "bf16"] if resolve_precision("auto", device) == "bf16" else ["fp32"]
+    return [resolve_precision(choice, device)]
 
 
 def main() -> None:
@@ -192,9 +207,8 @@ def main() -> None:
     ap.add_argument("--config", default="small", choices=sorted(CONFIGS))
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--vocab", type=int, default=30522)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA only)")
+    ap.add_argument("--precision", default="best", choices=["best", "auto", "fp32", "bf16"])
     ap.add_argument("--ours-only", action="store_true")
     ap.add_argument("--compile", action="store_true", help="torch.compile our objective")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's operator table of our step")
@@ -202,18 +216,14 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
-    main_cfg, gen_cfg = CONFIGS[args.config]
-    batch = make_batch(args.batch_size, args.seq_len, args.vocab, device)
-
-    def autocast():
-        if args.bf16 and device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    main_cfg, gen_cfg, vocab = CONFIGS[args.config]
+    batch = make_batch(args.batch_size, args.seq_len, vocab, device)
+    modes = precisions(args.precision, device)
 
     if args.memory_probe:
-        impl = (Ours if args.memory_probe == "electralab" else HuggingFace)(main_cfg, gen_cfg, args.vocab, device)
+        impl = (Ours if args.memory_probe == "electralab" else HuggingFace)(main_cfg, gen_cfg, vocab, device)
         for _ in range(2):
-            impl.step(batch, autocast)
+            impl.step(batch, modes[0])
         if device.type == "cuda":
             print(torch.cuda.max_memory_allocated() / 2**20)
         else:
@@ -223,64 +233,90 @@ def main() -> None:
     if args.profile:  # where our step's time goes, operator by operator (2 steps after a warm-up)
         from torch.profiler import ProfilerActivity, profile
 
-        ours = Ours(main_cfg, gen_cfg, args.vocab, device)
-        ours.step(batch, autocast)
+        ours = Ours(main_cfg, gen_cfg, vocab, device)
+        ours.step(batch, modes[-1])
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=activities) as prof:
             for _ in range(2):
-                ours.step(batch, autocast)
+                ours.step(batch, modes[-1])
         sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(f"precision {modes[-1]}")
         print(prof.key_averages().table(sort_by=sort, row_limit=20))
         return
 
-    impls = [Ours(main_cfg, gen_cfg, args.vocab, device)]
+    impls = [Ours(main_cfg, gen_cfg, vocab, device)]
     if args.compile:
         impls[0].model = torch.compile(impls[0].model)
     if not args.ours_only:
-        impls.append(HuggingFace(main_cfg, gen_cfg, args.vocab, device))
+        impls.append(HuggingFace(main_cfg, gen_cfg, vocab, device))
+    runs = [(impl, precision) for impl in impls for precision in modes]
     flops = {}
-    for impl in impls:  # warm-up step doubles as the FLOP count
-        _, flops[impl.name] = count_flops(lambda: impl.step(batch, autocast))
-    times = time_steps(impls, batch, autocast, args.steps, device)
-    peak = peak_flops(device)
+    for impl, precision in runs:  # warm-up step; in fp32 it doubles as the FLOP count (the same in bf16)
+        if precision == modes[0]:
+            _, flops[impl.name] = count_flops(lambda: impl.step(batch, precision))
+        else:
+            impl.step(batch, precision)
+    times = time_steps(runs, batch, args.steps, device)
+    peaks = {precision: peak_flops(device, precision) for precision in modes}
     tokens = args.batch_size * args.seq_len
     results = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(),
         "config": args.config,
         "seq_len": args.seq_len,
         "batch_size": args.batch_size,
-        "vocab": args.vocab,
-        "bf16": args.bf16,
-        "peak_flops": peak,
+        "vocab": vocab,
+        "precisions": modes,
+        "peak_flops": peaks,
         "impls": {},
     }
-    for impl in impls:
-        t = statistics.median(times[impl.name])
-        results["impls"][impl.name] = {
+    for impl, precision in runs:
+        t = statistics.median(times[impl.name, precision])
+        peak = peaks[precision]
+        results["impls"].setdefault(impl.name, {})[precision] = {
             "step_s": t,
             "tokens_per_s": tokens / t,
             "flops_per_step": flops[impl.name],
             "gflops_per_s": flops[impl.name] / t / 1e9,
             "mfu": flops[impl.name] / t / peak if peak else None,
-            "peak_memory_mb": peak_memory(args, impl.name),
-            "step_times": times[impl.name],
+            "peak_memory_mb": peak_memory(args, impl.name, precision),
+            "step_times": times[impl.name, precision],
         }
+    peak_text = ", ".join(f"{p} {v / 1e9 if v else 0:.1f}" for p, v in peaks.items())
     print(
         f"device={results['device']} threads={results['threads']} config={args.config} seq={args.seq_len} "
-        f"batch={args.batch_size} vocab={args.vocab} bf16={args.bf16} peak={peak / 1e9 if peak else 0:.1f} GFLOP/s"
+        f"batch={args.batch_size} vocab={vocab} load={results['load_average'][0]:.1f} "
+        f"matmul peak GFLOP/s: {peak_text}"
     )
-    print(f"{'impl':<14}{'step s':>9}{'tokens/s':>11}{'GFLOP/step':>12}{'GFLOP/s':>10}{'MFU':>8}{'peak MB':>10}")
-    for name, r in results["impls"].items():
-        mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "-"
-        print(
-            f"{name:<14}{r['step_s']:>9.3f}{r['tokens_per_s']:>11.0f}{r['flops_per_step'] / 1e9:>12.1f}"
-            f"{r['gflops_per_s']:>10.1f}{mfu:>8}{r['peak_memory_mb']:>10.0f}"
-        )
+    print(
+        f"{'impl':<14}{'prec':>6}{'step s':>9}{'tokens/s':>11}{'GFLOP/step':>12}"
+        f"{'GFLOP/s':>10}{'MFU':>8}{'peak MB':>10}"
+    )
+    for name, by_precision in results["impls"].items():
+        for precision, r in by_precision.items():
+            mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "-"
+            print(
+                f"{name:<14}{precision:>6}{r['step_s']:>9.3f}{r['tokens_per_s']:>11.0f}"
+                f"{r['flops_per_step'] / 1e9:>12.1f}{r['gflops_per_s']:>10.1f}{mfu:>8}{r['peak_memory_mb']:>10.0f}"
+            )
     if "transformers" in results["impls"]:
-        speedup = results["impls"]["electralab"]["tokens_per_s"] / results["impls"]["transformers"]["tokens_per_s"]
-        results["speedup"] = speedup
-        print(f"speedup (tokens/s, electralab / transformers): {speedup:.2f}x")
+        best = {
+            name: max(by_precision.items(), key=lambda item: item[1]["tokens_per_s"])
+            for name, by_precision in results["impls"].items()
+        }
+        results["speedup"] = {
+            precision: results["impls"]["electralab"][precision]["tokens_per_s"]
+            / results["impls"]["transformers"][precision]["tokens_per_s"]
+            for precision in modes
+        }
+        results["speedup"]["best"] = best["electralab"][1]["tokens_per_s"] / best["transformers"][1]["tokens_per_s"]
+        for precision in modes:
+            print(f"speedup in {precision} (tokens/s, electralab / transformers): {results['speedup'][precision]:.2f}x")
+        print(
+            f"speedup, each at its best (electralab {best['electralab'][0]}, transformers "
+            f"{best['transformers'][0]}): {results['speedup']['best']:.2f}x"
+        )
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     name = f"train_step_{args.device.split(':')[0]}_{args.config}_{args.seq_len}.json"

@@ -78,8 +78,53 @@ def test_measuring_restores_train_mode_and_random_state(shards_dir):
     first = heldout.measure(objective, "fp32")
     assert objective.training and torch.equal(state, torch.random.get_rng_state())
     assert first == heldout.measure(objective, "fp32")  # the same numbers every time
-    assert {"token_cosine", "rtd_loss", "rtd_base_rate_gain", "gen_acc"} <= set(first)
+    assert {"token_cosine", "rtd_loss", "rtd_base_rate_gain", "gen_acc", "detector_unigram_gain"} <= set(first)
     assert 0.0 < heldout.unigram_accuracy < 0.5
+
+
+def test_the_fixed_corruption_replaces_only_masked_positions_with_real_words_drawn_the_same_each_time(shards_dir):
+    from electralab import SPECIAL_TOKENS
+    from electralab.objectives.electra import Settings
+
+    def build():
+        return HeldOut.from_shards(shards_dir, Settings().masking, 2, 4, 1, torch.device("cpu"))
+
+    heldout, again = build(), build()
+    for batch, corrupted, same in zip(heldout.batches, heldout.unigram_corrupted, again.unigram_corrupted):
+        assert torch.equal(corrupted, same)
+        assert torch.equal(corrupted[~batch.mlm_mask], batch.input_ids[~batch.mlm_mask])
+        drawn = corrupted[batch.mlm_mask]
+        assert bool((drawn >= len(SPECIAL_TOKENS)).all())
+        assert (drawn != batch.input_ids[batch.mlm_mask]).float().mean() > 0.9  # nearly all really replaced
+
+
+@pytest.mark.parametrize("method", ["electra", "cocolm", "amos", "teams"])
+def test_every_detector_scores_the_fixed_corruption_and_an_oracle_gains_everything(shards_dir, method):
+    """Each method's detect() is its binary detector (COCO-LM's copy head negated); a detector that knows
+    which tokens were drawn gains ~1, one that predicts each batch's replaced share everywhere gains ~0."""
+    from helpers import tiny_generators, tiny_model
+
+    from electralab.objectives import METHODS, build_objective
+
+    torch.manual_seed(0)
+    cfg, sizes = tiny_model(max_positions=128), tiny_generators()
+    settings = METHODS[method].Settings()
+    objective = build_objective(method, settings, cfg, sizes, 1000)
+    heldout = HeldOut.from_shards(shards_dir, settings.masking, 2, 4, 1, torch.device("cpu"))
+    ids, mask = heldout.unigram_corrupted[0], heldout.batches[0].attention_mask
+    assert objective.detect(ids, mask).shape == ids.shape
+    assert math.isfinite(heldout.measure(objective, "fp32")["detector_unigram_gain"])
+
+    replaced = [c != b.input_ids for b, c in zip(heldout.batches, heldout.unigram_corrupted)]
+    oracle = iter([torch.where(r, 20.0, -20.0) for r in replaced])
+    objective.detect = lambda ids, mask: next(oracle)
+    assert heldout.measure(objective, "fp32")["detector_unigram_gain"] > 0.99
+    shares = [float(r[b.attention_mask].float().mean()) for r, b in zip(replaced, heldout.batches)]
+    base_rate = iter([torch.full(r.shape, math.log(p / (1 - p))) for r, p in zip(replaced, shares)])
+    objective.detect = lambda ids, mask: next(base_rate)
+    assert abs(heldout.measure(objective, "fp32")["detector_unigram_gain"]) < 1e-3
+    mlm = build_objective("mlm", METHODS["mlm"].Settings(), cfg, sizes, 1000)
+    assert "detector_unigram_gain" not in heldout.measure(mlm, "fp32")
 
 
 @pytest.mark.slow

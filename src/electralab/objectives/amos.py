@@ -228,3 +228,6 @@ class Amos(Objective):
 
     def main_encoder(self) -> Encoder:
         return self.discriminator
+
+    def detect(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.rtd_head(self.discriminator(ids, attention_mask)[-1])

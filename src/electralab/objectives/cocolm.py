@@ -271,5 +271,8 @@ class CocoLM(Objective):
     def main_encoder(self) -> Encoder:
         return self.main
 
+    def detect(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return -self.copy_head(self.main(ids, attention_mask)[-1])  # the copy head's logit is "original"
+
     def auxiliary_state(self) -> dict[str, torch.Tensor] | None:
         return None if self.auxiliary is None else self.auxiliary.state_dict()

@@ -35,6 +35,12 @@ class Objective(nn.Module):
     def main_encoder(self) -> Encoder:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def detect(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        """(B, T) logits of "replaced" from the method's binary detector on `ids`, or None if it has none.
+        The held-out diagnostics give it a fixed corruption to tell a detector that reads context from one
+        that learned which tokens its generator proposes (train/diagnostics.py, detector_unigram_gain)."""
+        return None
+
     def auxiliary_state(self) -> dict[str, torch.Tensor] | None:
         """State of the auxiliary network that other runs load (COCO-LM's converged auxiliary)."""
         return None

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+
 from electralab.batch import Batch
 from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig, bounded
 from electralab.model.encoder import Encoder, make_token_embedding
@@ -79,3 +81,6 @@ class Electra(Objective):
 
     def main_encoder(self) -> Encoder:
         return self.discriminator
+
+    def detect(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.rtd_head(self.discriminator(ids, attention_mask)[-1])

@@ -207,6 +207,12 @@ class Teams(Objective):
             metrics.update(mws_loss=mws_loss.detach(), mws_acc=accuracy(scores.argmax(-1), zero))
         return Output(loss, metrics)
 
+    def detect(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        if self.settings.rtd_weight <= 0:  # the MWS-only ablation has no RTD head
+            return None
+        h_rtd, _ = self.task_states(self.discriminator(ids, attention_mask), attention_mask)
+        return self.rtd_head(h_rtd)
+
     def main_encoder(self) -> Encoder:
         d, s = self.discriminator, self.settings
         task_layer = self.rtd_layer if s.export == "rtd" else self.mws_layer

@@ -17,7 +17,13 @@ every time (the shards' validation split, in eval mode, with fixed random number
 - `*_base_rate_gain`: 1 - detector loss / binary entropy of the replaced fraction, for every binary
   detector (ELECTRA/AMOS/TEAMS's RTD, COCO-LM's copy head): 0 means it predicts only the base rate;
 - `mlm_unigram_gain`: the main MLM's accuracy minus the accuracy of always guessing the most frequent
-  masked token (MLM runs): 0 means the MLM learned no more than unigram statistics.
+  masked token (MLM runs): 0 means the MLM learned no more than unigram statistics;
+- `detector_unigram_gain`: the detector's gain over the base rate on a task that never changes: the same
+  masked positions holding tokens drawn from the held-out text's own unigram distribution (a fixed draw).
+  A detector that reads context finds random words in a sentence easy; one that only learned which tokens
+  its generator proposes does not, and can sit below 0 (it calls the corpus's rarer words "original").
+  Not a rule of the guard: it says *why* a detector's gain on its generator's samples moves
+  (docs/training.md, "What a small discriminator learns").
 
 From `guard.after` of training (never before the warm-up ends) a run is collapsed when the final layer
 is one vector (token_cosine >= max_token_cosine), or a detector does not beat its base rate
@@ -35,10 +41,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from electralab import SPECIAL_TOKENS
 from electralab.batch import Batch
 from electralab.config import GuardConfig, MaskingConfig
 from electralab.data.loader import PretrainLoader
-from electralab.objectives.common import Objective
+from electralab.objectives.common import Objective, rtd
 from electralab.train.common import autocast
 
 DETECTORS = ("rtd", "copy")  # binary heads whose loss is read against the base rate
@@ -70,6 +77,7 @@ class HeldOut:
 
     batches: list[Batch]
     unigram_accuracy: float
+    unigram_corrupted: list[torch.Tensor]  # per batch: its masked positions hold unigram draws
 
     @classmethod
     def from_shards(
@@ -92,7 +100,15 @@ class HeldOut:
             chosen = [b for _, b in zip(range(batches), loader)]
         targets = torch.cat([b.input_ids[b.mlm_mask] for b in chosen])
         unigram = float(torch.bincount(targets).max() / max(1, targets.numel()))
-        return cls([b.to(device) for b in chosen], unigram)
+        words = torch.cat([b.input_ids[b.attention_mask & (b.input_ids >= len(SPECIAL_TOKENS))] for b in chosen])
+        draw = torch.Generator().manual_seed(seed)
+        corrupted = []
+        for b in chosen:
+            ids = b.input_ids.clone()
+            if len(words):
+                ids[b.mlm_mask] = words[torch.randint(len(words), (int(b.mlm_mask.sum()),), generator=draw)]
+            corrupted.append(ids.to(device))
+        return cls([b.to(device) for b in chosen], unigram, corrupted)
 
     @torch.no_grad()
     def measure(self, objective: Objective, precision: str) -> dict[str, float]:
@@ -111,13 +127,18 @@ class HeldOut:
         devices = [b.input_ids.device for b in self.batches[:1] if b.input_ids.is_cuda]
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(0)  # the same generator samples at every check
-            for batch in self.batches:
+            for batch, corrupted in zip(self.batches, self.unigram_corrupted):
                 with autocast(batch.input_ids.device, precision):
                     out = objective(batch, progress=1.0)
                     hidden = objective.main_encoder()(batch.input_ids, batch.attention_mask)[-1]
+                    detected = objective.detect(corrupted, batch.attention_mask)
                 add("token_cosine", token_cosine(hidden, batch.attention_mask))
                 for name, value in out.metrics.items():
                     add(name, float(value))
+                if detected is not None:
+                    _, fixed = rtd(detected, corrupted != batch.input_ids, batch.attention_mask, prefix="detector")
+                    entropy = binary_entropy(float(fixed["replaced_fraction"]))
+                    add("detector_unigram_gain", 1.0 - float(fixed["detector_loss"]) / entropy if entropy else math.nan)
         objective.train(was_training)
         means = {k: sums[k] / counts[k] for k in sums}
         for prefix in DETECTORS:
