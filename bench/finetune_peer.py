@@ -31,13 +31,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from finetune_throughput import task_sample  # noqa: E402
 
 from electralab.config import EncoderConfig  # noqa: E402
 from electralab.data.vocab import Tokenizer  # noqa: E402
 from electralab.env import data_root  # noqa: E402
-from electralab.finetune.features import encode_pairs, train_batches  # noqa: E402
+from electralab.finetune.features import train_batches  # noqa: E402
 from electralab.finetune.model import FinetuneModel  # noqa: E402
-from electralab.finetune.tasks import TASKS, read_split  # noqa: E402
+from electralab.finetune.tasks import TASKS  # noqa: E402
 from electralab.model.encoder import Encoder, make_token_embedding  # noqa: E402
 from electralab.train.common import autocast, make_adamw, resolve_precision  # noqa: E402
 
@@ -131,10 +134,7 @@ def main() -> None:
     results = []
     for name in args.tasks:
         task = TASKS[name]
-        split = read_split(task, "train", root)
-        keep = np.sort(np.random.default_rng(0).permutation(len(split))[: args.examples])
-        split = split.subset(keep)
-        encoded = encode_pairs(tokenizer, split.text_a, split.text_b, split.labels, args.max_len)
+        encoded = task_sample(name, tokenizer, root, args.examples, args.max_len)
         batches = train_batches(encoded.lengths, BATCH, np.random.default_rng(0), group_by_length=True)
         torch.manual_seed(0)
         impls = [Ours(cfg, tokenizer.vocab_size, task), HuggingFace(cfg, tokenizer.vocab_size, task)]

@@ -45,6 +45,14 @@ BATCH = 32
 VARIANTS = ("fixed512", "dynamic", "dynamic+grouped")
 
 
+def task_sample(name: str, tokenizer: Tokenizer, root: Path, examples: int, max_len: int) -> Encoded:
+    """A fixed random subset of `examples` training examples of a task, tokenised (at most `max_len` tokens)."""
+    split = read_split(TASKS[name], "train", root)
+    keep = np.sort(np.random.default_rng(0).permutation(len(split))[:examples])
+    split = split.subset(keep)
+    return encode_pairs(tokenizer, split.text_a, split.text_b, split.labels, max_len)
+
+
 def training_pass(model: FinetuneModel, encoded: Encoded, variant: str, seed: int) -> tuple[float, int, int]:
     """Seconds for one pass, real tokens and padded positions."""
     opt = make_adamw(model, lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
@@ -99,10 +107,7 @@ def main() -> None:
     results = []
     for name in args.tasks:
         task = TASKS[name]
-        split = read_split(task, "train", root)
-        keep = np.sort(np.random.default_rng(0).permutation(len(split))[: args.examples])
-        split = split.subset(keep)
-        encoded = encode_pairs(tokenizer, split.text_a, split.text_b, split.labels, 512)
+        encoded = task_sample(name, tokenizer, root, args.examples, 512)
         fixed_rows = encoded.subset(np.arange(min(args.fixed_examples, len(encoded))))
         best: dict[str, dict] = {}
         for r in range(args.repeat):
