@@ -38,6 +38,7 @@ from finetune_throughput import task_sample  # noqa: E402
 from electralab.config import EncoderConfig  # noqa: E402
 from electralab.data.vocab import Tokenizer  # noqa: E402
 from electralab.env import data_root  # noqa: E402
+from electralab.errors import DataError  # noqa: E402
 from electralab.finetune.features import train_batches  # noqa: E402
 from electralab.finetune.model import FinetuneModel  # noqa: E402
 from electralab.finetune.tasks import TASKS  # noqa: E402
@@ -110,7 +111,9 @@ def main() -> None:
     parser.add_argument(
         "--vocab", default=str(ROOT / "models" / "mlm" / "encoder"), help="a directory with a vocabulary"
     )
-    parser.add_argument("--tasks", nargs="+", default=["sst2", "mrpc"])
+    parser.add_argument(
+        "--tasks", nargs="+", default=["sst2", "mrpc"], choices=[t for t, task in TASKS.items() if task.kind != "span"]
+    )
     parser.add_argument("--examples", type=int, default=512)
     parser.add_argument("--config", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--max-len", type=int, default=128, help="the tiny preset's finetune.max_seq_len")
@@ -123,7 +126,10 @@ def main() -> None:
     device = torch.device("cpu")
     precisions = ["fp32", "bf16"] if resolve_precision("auto", device) == "bf16" else ["fp32"]
     root = data_root() or (ROOT / "../shared/data").resolve()
-    tokenizer = Tokenizer(args.vocab)
+    try:
+        tokenizer = Tokenizer(args.vocab)
+    except DataError as e:
+        sys.exit(f"error: --vocab {args.vocab}: {e}")
     cfg = EncoderConfig(**SHAPES[args.config], relative_positions=False, max_positions=512)
     print(
         f"{args.config} ({cfg.layers} x {cfg.hidden}), vocab {tokenizer.vocab_size}; {args.threads} thread(s); "
