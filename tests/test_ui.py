@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.parse
 from pathlib import Path
@@ -19,6 +20,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 from ops_helpers import ABLATION, ABLATION_RUNS, BIN, api, flow_env, free_port, stop, wait_http
+
+sys.path.insert(0, str(ROOT / "flows"))
+from deployments import DEPLOYMENTS  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 SHOTS = ROOT / "test-artifacts"
@@ -236,14 +240,23 @@ def served(ablation, prefect_api, tmp_path_factory):
             [str(BIN / "python"), "flows/deployments.py"], cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT
         )
     try:
+        # Ready = the serving process has polled each of its deployments. Counting deployments is not enough:
+        # an earlier test (the cron schedules in test_flows.py) left the same three on this server, not served.
         deadline = time.monotonic() + 120
-        while len(api(prefect_api, "deployments/filter", {})) < 3:
+        while not ready(deployments := api(prefect_api, "deployments/filter", {})):
             assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, (
+                [(d["name"], d.get("status")) for d in deployments],
+                log.read_text()[-3000:],
+            )
             time.sleep(0.5)
-        yield {d["name"]: d for d in api(prefect_api, "deployments/filter", {})}
+        yield {d["name"]: d for d in deployments}
     finally:
         stop(proc)
+
+
+def ready(deployments: list[dict]) -> bool:
+    return {name for name, *_ in DEPLOYMENTS} <= {d["name"] for d in deployments if d.get("status") == "READY"}
 
 
 def test_prefect_ui_lists_the_scheduled_deployments(served, prefect_api, browser):
@@ -252,7 +265,7 @@ def test_prefect_ui_lists_the_scheduled_deployments(served, prefect_api, browser
     assert served["weekly-small"]["parameters"] == {"preset": "small"}
     assert served["tiny-one-table"]["schedules"] == []
     ui = prefect_api.removesuffix("/api")
-    show(
+    text = show(
         browser,
         f"{ui}/deployments",
         "nightly-tiny",
@@ -263,6 +276,7 @@ def test_prefect_ui_lists_the_scheduled_deployments(served, prefect_api, browser
         "Ready",
         shot="prefect-deployments.png",
     )
+    assert "Not Ready" not in text  # "Ready" alone would match it
 
 
 def test_the_prefect_ui_shows_a_deployments_next_scheduled_run_at_a_laptops_width(served, prefect_api, browser):
@@ -279,7 +293,7 @@ def test_the_prefect_ui_shows_a_deployments_next_scheduled_run_at_a_laptops_widt
     ui = prefect_api.removesuffix("/api")
     browser.set_window_size(*LAPTOP)
     try:
-        show(
+        text = show(
             browser,
             f"{ui}/deployments/deployment/{deployment['id']}",
             "nightly-tiny",
@@ -290,6 +304,7 @@ def test_the_prefect_ui_shows_a_deployments_next_scheduled_run_at_a_laptops_widt
             "Ready",
             shot="prefect-schedule-laptop.png",
         )
+        assert "Not Ready" not in text
         assert fits_width(browser)
     finally:
         browser.set_window_size(1600, 1000)
