@@ -39,6 +39,7 @@ from electralab.config import EncoderConfig  # noqa: E402
 from electralab.data.vocab import Tokenizer  # noqa: E402
 from electralab.env import data_root  # noqa: E402
 from electralab.errors import DataError  # noqa: E402
+from electralab.export import huggingface_fields  # noqa: E402
 from electralab.finetune.features import train_batches  # noqa: E402
 from electralab.finetune.model import FinetuneModel  # noqa: E402
 from electralab.finetune.tasks import TASKS  # noqa: E402
@@ -73,19 +74,7 @@ class HuggingFace:
     def __init__(self, cfg: EncoderConfig, vocab: int, task):
         from transformers import ElectraConfig, ElectraForSequenceClassification
 
-        config = ElectraConfig(
-            vocab_size=vocab,
-            embedding_size=cfg.embedding,
-            hidden_size=cfg.hidden,
-            num_hidden_layers=cfg.layers,
-            num_attention_heads=cfg.heads,
-            intermediate_size=cfg.ffn,
-            max_position_embeddings=cfg.max_positions,
-            hidden_dropout_prob=cfg.dropout,
-            attention_probs_dropout_prob=cfg.attention_dropout,
-            layer_norm_eps=cfg.layer_norm_eps,
-            num_labels=task.num_outputs,
-        )
+        config = ElectraConfig(**huggingface_fields(cfg, vocab), num_labels=task.num_outputs)
         self.model = ElectraForSequenceClassification(config)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.01)
 

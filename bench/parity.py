@@ -42,11 +42,10 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from electralab import PAD_ID  # noqa: E402
 from electralab.batch import Batch  # noqa: E402
 from electralab.config import EncoderConfig, GeneratorSizes, PretrainConfig, load_params, to_dict  # noqa: E402
 from electralab.data.loader import PretrainLoader  # noqa: E402
-from electralab.export import huggingface_state_dict  # noqa: E402
+from electralab.export import huggingface_fields, huggingface_state_dict  # noqa: E402
 from electralab.objectives import Objective, Output, build_objective, method_settings  # noqa: E402
 from electralab.objectives.common import MaskedLM, accuracy, replace_masked, sample  # noqa: E402
 from electralab.objectives.electra import Electra  # noqa: E402
@@ -77,23 +76,10 @@ def absolute(cfg: EncoderConfig) -> EncoderConfig:
 
 def hf_config(cfg: EncoderConfig, vocab_size: int, config_class):
     """transformers' config of an encoder of ours (ElectraConfig or BertConfig)."""
-    extra = {"embedding_size": cfg.embedding} if config_class.model_type == "electra" else {}
-    return config_class(
-        vocab_size=vocab_size,
-        hidden_size=cfg.hidden,
-        num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads,
-        intermediate_size=cfg.ffn,
-        hidden_act="gelu",
-        hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.attention_dropout,
-        max_position_embeddings=cfg.max_positions,
-        type_vocab_size=2,
-        layer_norm_eps=cfg.layer_norm_eps,
-        initializer_range=cfg.initializer_range,
-        pad_token_id=PAD_ID,
-        **extra,
-    )
+    fields = huggingface_fields(cfg, vocab_size)
+    if config_class.model_type != "electra":
+        del fields["embedding_size"]
+    return config_class(**fields)
 
 
 def prefixed(prefix: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -38,6 +38,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from electralab import MASK_ID  # noqa: E402
 from electralab.batch import Batch  # noqa: E402
 from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes  # noqa: E402
+from electralab.export import huggingface_fields  # noqa: E402
+from electralab.objectives.common import sized  # noqa: E402
 from electralab.objectives.electra import Electra, Settings  # noqa: E402
 from electralab.train.common import autocast, resolve_precision  # noqa: E402
 from electralab.train.perf import count_flops, peak_flops  # noqa: E402
@@ -107,29 +109,9 @@ class HuggingFace:
         from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 
         self.device = device
-        common = dict(
-            vocab_size=vocab,
-            embedding_size=main.embedding,
-            max_position_embeddings=main.max_positions,
-            hidden_dropout_prob=main.dropout,
-            attention_probs_dropout_prob=main.attention_dropout,
-            layer_norm_eps=main.layer_norm_eps,
-            hidden_act="gelu",
-        )
-        disc_cfg = ElectraConfig(
-            hidden_size=main.hidden,
-            num_hidden_layers=main.layers,
-            num_attention_heads=main.heads,
-            intermediate_size=main.ffn,
-            **common,
-        )
-        gen_cfg = ElectraConfig(
-            hidden_size=gen.hidden,
-            num_hidden_layers=main.layers,
-            num_attention_heads=gen.heads,
-            intermediate_size=gen.ffn,
-            **common,
-        )
+        # The generator as ours builds it (objectives/common.py `sized`): the main config, its size replaced.
+        disc_cfg = ElectraConfig(**huggingface_fields(main, vocab))
+        gen_cfg = ElectraConfig(**huggingface_fields(sized(main, gen), vocab))
         self.disc = ElectraForPreTraining(disc_cfg).to(device)
         self.gen = ElectraForMaskedLM(gen_cfg).to(device)
         # ELECTRA ties the generator's and discriminator's embeddings (and the generator's LM head).

@@ -85,12 +85,11 @@ def huggingface_compatible(cfg: EncoderConfig) -> bool:
     return cfg.absolute_positions and not cfg.relative_positions
 
 
-def huggingface_config(encoder: Encoder) -> dict:
-    cfg, vocab = encoder.cfg, encoder.embeddings.tokens.num_embeddings
-    config = {
-        "model_type": "electra",
-        "architectures": ["ElectraModel"],
-        "vocab_size": vocab,
+def huggingface_fields(cfg: EncoderConfig, vocab_size: int) -> dict:
+    """transformers' ELECTRA (or BERT, less `embedding_size`) config fields of an encoder of ours, absolute
+    positions: the one mapping the export, the parity bench and the peer benches share."""
+    return {
+        "vocab_size": vocab_size,
         "embedding_size": cfg.embedding,
         "hidden_size": cfg.hidden,
         "num_hidden_layers": cfg.layers,
@@ -105,6 +104,15 @@ def huggingface_config(encoder: Encoder) -> dict:
         "layer_norm_eps": cfg.layer_norm_eps,
         "position_embedding_type": "absolute",
         "pad_token_id": PAD_ID,
+    }
+
+
+def huggingface_config(encoder: Encoder) -> dict:
+    cfg, vocab = encoder.cfg, encoder.embeddings.tokens.num_embeddings
+    config = {
+        "model_type": "electra",
+        "architectures": ["ElectraModel"],
+        **huggingface_fields(cfg, vocab),
     }
     if not huggingface_compatible(cfg):
         module = REMOTE_CODE.stem
