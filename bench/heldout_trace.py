@@ -8,13 +8,15 @@
 
 It trains the active preset's run (the registry's run of that name) with the stage's own loop for `--steps`
 steps, the warm-up at the preset's fraction of them, the collapse guard measuring every `--every` steps but
-judging only at the end, and prints what the guard sees at each check: the final layer's token cosine, the
-detector's gain over the base rate (RTD or COCO-LM's copy head) on its generator's samples and on the fixed
-task of random words from the text (whether it reads context: docs/training.md), the generator's and the
-MLM's accuracy. The
+never stopping the run, and prints what the guard sees at each check and where the preset's guard (its `after`,
+thresholds) would have stopped it, so that a run it would fail can still be fine-tuned: does the guard's call
+agree with what a fine-tuning finds? At each check: the final layer's token cosine, the detector's gain over
+the base rate (RTD or COCO-LM's copy head) on its generator's samples and on the fixed task of random words
+from the text (whether it reads context: docs/training.md), the generator's and the MLM's accuracy. The
 preset's data (corpus, vocabulary, shards) is built once under `--out/data`, as bench/signal_sweep.py does.
-`--set section.key=value` overrides a key of the preset (model, generators, pretrain) or of the method's
-settings (settings.<key>); a value is read as YAML. docs/training.md and docs/reproducing.md cite its runs.
+`--set section.key=value` overrides a key of the preset (model, generators, pretrain, finetune) or of the
+method's settings (settings.<key>); a value is read as YAML, e.g. `--set finetune.grids.glue_small.lr=[3e-4]`.
+docs/training.md and docs/reproducing.md cite its runs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ SHOWN = {
     "rtd_base_rate_gain": "rtd gain",
     "copy_base_rate_gain": "copy gain",
     "gen_acc": "gen acc",
+    "aux_acc": "aux acc",  # COCO-LM's auxiliary MLM
     "mlm_acc": "mlm acc",
     "mlm_unigram_gain": "mlm gain",
     "detector_unigram_gain": "fixed-task gain",
@@ -62,6 +65,7 @@ def main() -> None:
     from electralab.config import deep_merge, load_params, parse_params
     from electralab.errors import ConfigError
     from electralab.runs import check_run, resolve_run
+    from electralab.train.diagnostics import collapse, guard_active
     from electralab.train.loop import pretrain
 
     params = load_params(ROOT / "params.yaml")
@@ -73,7 +77,7 @@ def main() -> None:
         "checkpoint_every": args.steps,
         "checkpoint_fractions": [1.0],
         "log_every": args.every,
-        "guard": {"every": args.every, "after": 1.0},
+        "guard": {"every": args.every},
     }
     preset["pretrain"] = deep_merge(preset["pretrain"], overrides)
     try:
@@ -90,11 +94,14 @@ def main() -> None:
             node = node.setdefault(part, {})
         node[last] = yaml.safe_load(value)
     try:  # a --set value out of range or of the wrong type: named by its key, before any training
-        run = resolve_run(parse_params(raw), args.run)
+        resolved = parse_params(raw)
+        run = resolve_run(resolved, args.run)
     except ConfigError as e:
         sys.exit(f"error: {e}")
     name = f"trace-{args.run}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run = dataclasses.replace(run, name=name)
+    guard = dataclasses.replace(run.pretrain.guard, enabled=True)  # the preset's (and --set's): its verdict below
+    unstopped = dataclasses.replace(run.pretrain, guard=dataclasses.replace(guard, enabled=False))  # it measures
+    run = dataclasses.replace(run, name=name, pretrain=unstopped)
     os.environ.setdefault("ELECTRALAB_TRACKING", "file")
     os.environ["ELECTRALAB_RUNLOG"] = str(args.out / "runlog" / name)
     print(f"{name}: {' '.join(args.set) or 'the preset as it is'}; load {os.getloadavg()[0]:.1f}", flush=True)
@@ -103,22 +110,33 @@ def main() -> None:
         pretrain(
             run, shards, args.out / "models" / name, args.out / "scratch" / name, vocab_dir=vocab, show_progress=False
         )
-    except Exception as e:  # a collapsed run still has its trace
+    except Exception as e:  # a failed run (a diverged loss) still has its trace
         error = f"{type(e).__name__}: {e}"
     from electralab.runlog import read_runs
 
     (logged,) = read_runs(Path(os.environ["ELECTRALAB_RUNLOG"]))
-    at: dict[int, dict[str, float]] = {}
+    at: dict[int, dict[str, float]] = {}  # step -> every held-out diagnostic
     for key, value, _, step in logged.metrics:
-        if key.removeprefix("heldout_") in SHOWN and key.startswith("heldout_"):
-            at.setdefault(step, {})[SHOWN[key.removeprefix("heldout_")]] = value
-    columns = [c for c in SHOWN.values() if any(c in row for row in at.values())]
-    print("| step | " + " | ".join(columns) + " |\n|" + "---|" * (len(columns) + 1))
+        if key.startswith("heldout_"):
+            at.setdefault(step, {})[key.removeprefix("heldout_")] = value
+    stopped = None
+    columns = [k for k in SHOWN if any(k in row for row in at.values())]
+    print("| step | " + " | ".join(SHOWN[k] for k in columns) + " | guard |\n|" + "---|" * (len(columns) + 2))
     for step in sorted(at):
-        print(f"| {step} | " + " | ".join(f"{at[step].get(c, float('nan')):.3f}" for c in columns) + " |")
+        judged = guard_active(step, args.steps, run.pretrain.warmup_steps, guard)
+        problem = collapse(at[step], guard) if judged else None
+        stopped = stopped or (problem and step)
+        values = " | ".join(f"{at[step].get(k, float('nan')):.3f}" for k in columns)
+        print(f"| {step} | {values} | {'fails' if problem else ''} |")
     print(f"{(time.perf_counter() - began) / 60:.1f} min, load {os.getloadavg()[0]:.1f}; {error or 'finished'}")
+    print(
+        f"the guard (after {guard.after:.0%} of the steps) would have stopped it at step {stopped}"
+        if stopped
+        else f"the guard (after {guard.after:.0%} of the steps) passes it"
+    )
     if args.finetune and not error:  # the sweep's protocol: compare with its control point (sweep.md)
-        scores = finetune_point(str(args.out / "models" / name / "encoder"), args.finetune, args.seeds, workers=2)
+        encoder = str(args.out / "models" / name / "encoder")
+        scores = finetune_point(encoder, args.finetune, args.seeds, workers=2, cfg=resolved.active.finetune)
         for task, got in scores.items():
             seeds = ", ".join(f"{v:.1f}" for v in got["seeds"].values())
             print(f"{task} {got['metric']}: median {got['median']:.1f} (seeds {seeds})")

@@ -88,7 +88,11 @@ def main() -> None:
             show_progress=False,
         )
         finetuned = finetune_point(
-            str(args.out / "models" / run.name / "encoder"), args.tasks, seeds, args.workers, precision=precision
+            str(args.out / "models" / run.name / "encoder"),
+            args.tasks,
+            seeds,
+            args.workers,
+            dataclasses.replace(params.active.finetune, precision=precision),
         )
         report["precisions"][precision] = {
             "tokens_per_s": summary["tokens_per_s"],

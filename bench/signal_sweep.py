@@ -93,11 +93,11 @@ def pretrain_point(method: str, steps: int, shards: Path, vocab: Path, out: Path
     }
 
 
-def finetune_trial(encoder_dir: str, task: str, hp: dict, seed: int, data_root: str, precision: str | None) -> dict:
-    """One trial in a worker process (one thread): the stage's data preparation and trial."""
+def finetune_trial(encoder_dir: str, task: str, hp: dict, seed: int, data_root: str, cfg) -> dict:
+    """One trial in a worker process (one thread): the stage's data preparation and trial, with the
+    fine-tuning settings `cfg` (a FinetuneConfig)."""
     import torch
 
-    from electralab.config import load_params
     from electralab.data.vocab import Tokenizer
     from electralab.export import load_encoder
     from electralab.finetune.data import prepare
@@ -106,8 +106,6 @@ def finetune_trial(encoder_dir: str, task: str, hp: dict, seed: int, data_root: 
     from electralab.finetune.trial import TrialSettings, run_trial
 
     torch.set_num_threads(1)
-    cfg = load_params(ROOT / "params.yaml").active.finetune
-    cfg = dataclasses.replace(cfg, precision=precision) if precision else cfg
     data = _data_cache.get((encoder_dir, task))
     if data is None:
         data = prepare(TASKS[task], Tokenizer(Path(encoder_dir)), cfg, Path(data_root))[1.0]
@@ -120,17 +118,16 @@ def finetune_trial(encoder_dir: str, task: str, hp: dict, seed: int, data_root: 
 _data_cache: dict = {}
 
 
-def finetune_point(
-    encoder_dir: str, tasks: list[str], seeds: list[int], workers: int, precision: str | None = None
-) -> dict:
+def finetune_point(encoder_dir: str, tasks: list[str], seeds: list[int], workers: int, cfg=None) -> dict:
     """Every configuration x seed of each task's grid; per task the configuration with the best median
-    of the main metric, its median, spread and per-seed values."""
+    of the main metric, its median, spread and per-seed values. `cfg`: the fine-tuning settings (a
+    FinetuneConfig; default: the active preset's in params.yaml)."""
     from electralab.config import load_params
     from electralab.env import data_root
     from electralab.finetune.grid import configurations
     from electralab.finetune.tasks import TASKS
 
-    cfg = load_params(ROOT / "params.yaml").active.finetune
+    cfg = cfg or load_params(ROOT / "params.yaml").active.finetune
     jobs = [
         (task, dataclasses.asdict(hp), seed)
         for task in tasks
@@ -138,7 +135,7 @@ def finetune_point(
         for seed in seeds
     ]
     with ProcessPoolExecutor(workers) as pool:
-        futures = [pool.submit(finetune_trial, encoder_dir, t, hp, s, str(data_root()), precision) for t, hp, s in jobs]
+        futures = [pool.submit(finetune_trial, encoder_dir, t, hp, s, str(data_root()), cfg) for t, hp, s in jobs]
         results = [f.result() for f in futures]
     out = {}
     for task in tasks:
