@@ -125,16 +125,17 @@ def main() -> None:
     for step in sorted(at):
         judged = guard_active(step, args.steps, run.pretrain.warmup_steps, guard)
         problem = collapse(at[step], guard) if judged else None
-        stopped = stopped or (problem and step)
+        if problem and stopped is None:
+            stopped = step
         values = " | ".join(f"{at[step].get(k, float('nan')):.3f}" for k in columns)
         print(f"| {step} | {values} | {'fails' if problem else ''} |")
     print(f"{(time.perf_counter() - began) / 60:.1f} min, load {os.getloadavg()[0]:.1f}; {error or 'finished'}")
     print(
         f"the guard (after {guard.after:.0%} of the steps) would have stopped it at step {stopped}"
-        if stopped
+        if stopped is not None
         else f"the guard (after {guard.after:.0%} of the steps) passes it"
     )
-    if args.finetune and not error:  # the sweep's protocol: compare with its control point (sweep.md)
+    if args.finetune and not error:  # the sweep's protocol (bench/signal_sweep.py, finetune_point)
         encoder = str(args.out / "models" / name / "encoder")
         scores = finetune_point(encoder, args.finetune, args.seeds, workers=2, cfg=resolved.active.finetune)
         for task, got in scores.items():
