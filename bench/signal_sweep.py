@@ -36,6 +36,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
@@ -145,8 +147,8 @@ def finetune_point(encoder_dir: str, tasks: list[str], seeds: list[int], workers
             if t == task:
                 by_config.setdefault(json.dumps(hp, sort_keys=True), {})[seed] = result.get(metric, math.nan)
 
-        def score(v):  # a NaN median never wins
-            m = statistics.median(v.values())
+        def score(v):  # a NaN median (a seed's constant predictions: Spearman undefined) never wins
+            m = float(np.median(list(v.values())))
             return m if math.isfinite(m) else -math.inf
 
         best = max(by_config, key=lambda k: score(by_config[k]))
@@ -154,8 +156,9 @@ def finetune_point(encoder_dir: str, tasks: list[str], seeds: list[int], workers
         out[task] = {
             "metric": metric,
             "config": json.loads(best),
-            "median": statistics.median(values.values()),
-            "std": statistics.pstdev(values.values()),
+            # NaN propagates, as the grid's selection (electralab.finetune.grid.select) does
+            "median": float(np.median(list(values.values()))),
+            "std": float(np.std(list(values.values()))),
             "seeds": values,
         }
     return out
