@@ -36,8 +36,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
@@ -126,40 +124,29 @@ def finetune_point(encoder_dir: str, tasks: list[str], seeds: list[int], workers
     FinetuneConfig; default: the active preset's in params.yaml)."""
     from electralab.config import load_params
     from electralab.env import data_root
-    from electralab.finetune.grid import configurations
+    from electralab.finetune.grid import Group, TrialSpec, configurations, select
     from electralab.finetune.tasks import TASKS
 
     cfg = cfg or load_params(ROOT / "params.yaml").active.finetune
-    jobs = [
-        (task, dataclasses.asdict(hp), seed)
-        for task in tasks
-        for hp in configurations(getattr(cfg.grids, TASKS[task].grid))
-        for seed in seeds
-    ]
+    grids = {task: configurations(getattr(cfg.grids, TASKS[task].grid)) for task in tasks}
+    jobs = [(task, hp, seed) for task in tasks for hp in grids[task] for seed in seeds]
     with ProcessPoolExecutor(workers) as pool:
-        futures = [pool.submit(finetune_trial, encoder_dir, t, hp, s, str(data_root()), cfg) for t, hp, s in jobs]
-        results = [f.result() for f in futures]
+        futures = [
+            pool.submit(finetune_trial, encoder_dir, t, dataclasses.asdict(hp), s, str(data_root()), cfg)
+            for t, hp, s in jobs
+        ]
+        finals = {TrialSpec(Group(t), hp, s): f.result() for (t, hp, s), f in zip(jobs, futures)}
     out = {}
     for task in tasks:
+        # The grid's own selection (best median, NaN never wins, ties to the earlier configuration)
         metric = TASKS[task].main_metric
-        by_config: dict[str, dict[int, float]] = {}
-        for (t, hp, seed), result in zip(jobs, results):
-            if t == task:
-                by_config.setdefault(json.dumps(hp, sort_keys=True), {})[seed] = result.get(metric, math.nan)
-
-        def score(v):  # a NaN median (a seed's constant predictions: Spearman undefined) never wins
-            m = float(np.median(list(v.values())))
-            return m if math.isfinite(m) else -math.inf
-
-        best = max(by_config, key=lambda k: score(by_config[k]))
-        values = by_config[best]
+        chosen = select({spec: m for spec, m in finals.items() if spec.group.task == task}, grids[task], metric)
         out[task] = {
             "metric": metric,
-            "config": json.loads(best),
-            # NaN propagates, as the grid's selection (electralab.finetune.grid.select) does
-            "median": float(np.median(list(values.values()))),
-            "std": float(np.std(list(values.values()))),
-            "seeds": values,
+            "config": dataclasses.asdict(chosen.best),
+            "median": chosen.stats[f"median_{metric}"],
+            "std": chosen.stats[f"std_{metric}"],
+            "seeds": {seed: m.get(metric, math.nan) for seed, m in chosen.by_seed.items()},
         }
     return out
 
