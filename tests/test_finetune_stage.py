@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -151,7 +152,7 @@ def search(uri: str, run: str, stage: str):
 
 @pytest.mark.slow
 def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
-    tmp_path, models, env, mlflow_uri, local_ray, monkeypatch
+    tmp_path, models, env, mlflow_uri, local_ray, monkeypatch, capsys
 ):
     from mlflow import MlflowClient
 
@@ -176,6 +177,9 @@ def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
     assert set(out["label_fractions"]) == {"0.1"}
     assert out["trials"] == 8 * 2 * 5 + 5 + 5
     assert not (root / "checkpoints" / "finetune" / "cocolm").exists()  # scratch cleared on success
+    # The timing line gives the trials' own time, which bench/finetune_overhead.py subtracts from the wall
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("finetune cocolm: 90 trials"))
+    assert float(re.search(r"the trials' own time ([\d.]+) s\)", line).group(1)) > 0
 
     parents = search(mlflow_uri, "cocolm", "finetune")
     children = search(mlflow_uri, "cocolm", "finetune-trial")

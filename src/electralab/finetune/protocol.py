@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -164,6 +165,7 @@ class GridRun:
         self.tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json", the_plan.pretrain_run_id)
         self.selections: dict[Group, Selection] = {}
         self.resumed = 0
+        self.trial_seconds = 0.0  # the trials' own time (model to last evaluation) of those run now
         # Every trial of both phases counted up front (the extras run the one selected configuration).
         total = sum(
             len(self.cfg.seeds) * (1 if self.uses_selection(g) else len(self.grid_of(g))) for g in self.runnable
@@ -221,6 +223,7 @@ class GridRun:
         def on_complete(spec: TrialSpec, report: dict) -> None:
             result = {"fingerprint": self.fingerprints[spec.group], "history": json.loads(report["history"])}
             self.store.put(spec, result)  # first: a finished trial is never run again
+            self.trial_seconds += result["history"][-1].get("seconds", 0.0)
             record(spec, result)
 
         todo = []
@@ -305,25 +308,36 @@ def finetune(
     started = time.perf_counter()
     model_dir, scratch_dir = Path(model_dir).resolve(), Path(scratch_dir).resolve()
     the_plan = plan(run, cfg, model_dir)
-    data = load_data(the_plan, cfg, Tokenizer(model_dir / "encoder"), data_root)
-    check_missing(run, the_plan, allow_missing)
-    grid = GridRun(run, cfg, the_plan, data, scratch_dir, show_progress)
-    seconds = {"data": time.perf_counter() - started}
-    try:
+    seconds = {"data": 0.0, "Ray start": 0.0}  # both counted from the start: they run side by side
+
+    def prepare_grid() -> GridRun:
+        data = load_data(the_plan, cfg, Tokenizer(model_dir / "encoder"), data_root)
+        check_missing(run, the_plan, allow_missing)
+        grid = GridRun(run, cfg, the_plan, data, scratch_dir, show_progress)
+        seconds["data"] = time.perf_counter() - started
+        return grid
+
+    # A local Ray takes about 4 s to start, most of it waiting on its own processes: the driver tokenises
+    # the tasks and opens MLflow meanwhile, in a thread (docs/performance.md, "A stage's fixed cost").
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        preparing = pool.submit(prepare_grid)
         with ray_session(cfg.resources):
-            first = [g for g in grid.runnable if not grid.uses_selection(g)]
-            for phase, groups in ((1, first), (2, [g for g in grid.runnable if g not in first])):
-                begin = time.perf_counter()
-                grid.run_phase(groups, phase, trainable_fn)
-                seconds[f"phase {phase}"] = time.perf_counter() - begin
-        parents = {g.key: grid.tracker.parents[g.key]["run_id"] for g in grid.selections}
-        for group in the_plan.groups:
-            if group.key in the_plan.missing:
-                parents[group.key] = grid.tracker.missing(group, TASKS[group.task], the_plan.missing[group.key])
-    except BaseException as error:
-        grid.bar.close()
-        grid.tracker.fail(error)
-        raise
+            seconds["Ray start"] = time.perf_counter() - started
+            grid = preparing.result()  # bad data or a missing task stops the stage here, before any trial
+            try:
+                first = [g for g in grid.runnable if not grid.uses_selection(g)]
+                for phase, groups in ((1, first), (2, [g for g in grid.runnable if g not in first])):
+                    begin = time.perf_counter()
+                    grid.run_phase(groups, phase, trainable_fn)
+                    seconds[f"phase {phase}"] = time.perf_counter() - begin
+                parents = {g.key: grid.tracker.parents[g.key]["run_id"] for g in grid.selections}
+                for group in the_plan.groups:
+                    if group.key in the_plan.missing:
+                        parents[group.key] = grid.tracker.missing(group, TASKS[group.task], the_plan.missing[group.key])
+            except BaseException as error:
+                grid.bar.close()
+                grid.tracker.fail(error)
+                raise
     grid.bar.close()
     shutil.rmtree(scratch_dir, ignore_errors=True)
     summary = summarize(grid.selections, the_plan.missing, time.perf_counter() - started)
@@ -333,7 +347,7 @@ def finetune(
         f"finetune {run.name}: {summary['trials']} trials ({grid.resumed} from an earlier run) of "
         f"{len(grid.selections)} groups in {summary['seconds']:.0f} s ("
         + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
-        + f"); missing: {', '.join(the_plan.missing) or 'none'}"
+        + f"; the trials' own time {grid.trial_seconds:.1f} s); missing: {', '.join(the_plan.missing) or 'none'}"
     )
     return summary
 
