@@ -14,7 +14,8 @@ throw-away MLflow store created before the first run. The fixed cost of one run 
     fixed = wall - (the trials' own seconds) / (trials run at once)
 
 where the trials' own seconds (model built to last evaluation, summed) come from the stage's timing line
-and the trials at once are min(trials, Ray CPUs / CPUs per trial, max_concurrent). The trials at once
+and the trials at once are min(trials, the local Ray's CPUs / CPUs per trial, max_concurrent), from the
+cut-down preset's `finetune.resources` as the stage reads them. The trials at once
 assume the trials pack perfectly, which favours the stage a little. Prints a Markdown table (medians over
 the repeats) and writes bench/out/finetune_overhead.json. docs/performance.md has the figures.
 """
@@ -40,15 +41,14 @@ HERE = Path(__file__).resolve().parent
 LINE = re.compile(r"finetune \S+: (\d+) trials .* in (\d+) s \((.*); the trials' own time ([\d.]+) s\)")
 
 
-def cut_params(project: Path, out: Path, tasks: list[str], seeds: list[int], examples: int) -> dict:
-    """The project's params.yaml with the active preset's fine-tuning cut down; returns its finetune block."""
+def cut_params(project: Path, out: Path, tasks: list[str], seeds: list[int], examples: int) -> None:
+    """The project's params.yaml with the active preset's fine-tuning cut down."""
     params = yaml.safe_load((project / "params.yaml").read_text())
     ft = params["presets"][params["preset"]]["finetune"]
     ft.update(tasks=tasks, seeds=seeds, max_train_examples=examples, max_eval_examples=examples)
     for grid in ft.get("grids", {}).values():  # one configuration: the first of each list
         grid.update({k: v[:1] for k, v in grid.items() if isinstance(v, list)})
     out.write_text(yaml.safe_dump(params, sort_keys=False))
-    return ft
 
 
 def run_stage(project: Path, params: Path, model: Path, scratch: Path, env: dict) -> dict:
@@ -87,20 +87,8 @@ def run_stage(project: Path, params: Path, model: Path, scratch: Path, env: dict
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=HERE.parent / "models" / "control")
-    parser.add_argument("--tasks", nargs="+", default=["rte", "mrpc"])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
-    parser.add_argument("--examples", type=int, default=64, help="training and dev examples per task")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--project", type=Path, default=None, help="a second checkout to run side by side")
-    parser.add_argument("--out", type=Path, default=HERE / "out" / "finetune_overhead.json")
-    args = parser.parse_args()
-    if not (args.model / "encoder").is_dir():
-        sys.exit(f"--model {args.model}: no encoder/ there; run `dvc repro pretrain@control` first")
-
-    scratch = Path(tempfile.mkdtemp(prefix="finetune-overhead-"))
+def measure_all(args: argparse.Namespace, scratch: Path) -> tuple[dict[str, list[dict]], int]:
+    """Every variant `--repeat` times, interleaved, in `scratch`: ({variant: [run, ...]}, the Ray's CPUs)."""
     base = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -115,20 +103,27 @@ def main() -> None:
     variants = {}
     for label, project in projects.items():
         params = scratch / f"params-{len(variants)}.yaml"
-        ft = cut_params(project, params, args.tasks, args.seeds, args.examples)
+        cut_params(project, params, args.tasks, args.seeds, args.examples)
         env = {**base, "PYTHONPATH": str(project / "src")}  # each checkout's own library
         variants[label] = (project, params, env)
-    resources = ft.get("resources", {})
     sys.path.insert(0, str(HERE.parent / "src"))
+    from electralab.config import load_params
+    from electralab.errors import ConfigError
+    from electralab.finetune.tuning import local_cpus
     from electralab.tracking import open_store
 
+    try:  # a --tasks or --seeds the preset refuses: named by its key, before any stage runs
+        resources = load_params(variants["this checkout"][1]).active.finetune.resources
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    cpus = local_cpus(resources)  # the CPUs of the Ray the stage starts
+
     open_store(base["MLFLOW_TRACKING_URI"])  # the store's creation is paid once, by no variant
-    cpus = len(os.sched_getaffinity(0))
     rows: dict[str, list[dict]] = {}
 
     def measure(label: str, project: Path, params: Path, env: dict) -> None:
         row = run_stage(project, params, args.model.resolve(), scratch, env)
-        slots = min(row["trials"], int(cpus // resources.get("cpus", 1)), resources.get("max_concurrent") or cpus)
+        slots = min(row["trials"], int(cpus // resources.cpus), resources.max_concurrent or cpus)
         row["fixed_s"] = row["wall_s"] - row["trial_s"] / max(1, slots)
         rows.setdefault(label, []).append(row)
         print(json.dumps({"variant": label, **row}), flush=True)
@@ -136,7 +131,24 @@ def main() -> None:
     for _ in range(args.repeat):
         for label, (project, params, env) in variants.items():
             measure(label, project, params, env)
-    shutil.rmtree(scratch, ignore_errors=True)
+    return rows, cpus
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=HERE.parent / "models" / "control")
+    parser.add_argument("--tasks", nargs="+", default=["rte", "mrpc"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--examples", type=int, default=64, help="training and dev examples per task")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--project", type=Path, default=None, help="a second checkout to run side by side")
+    parser.add_argument("--out", type=Path, default=HERE / "out" / "finetune_overhead.json")
+    args = parser.parse_args()
+    if not (args.model / "encoder").is_dir():
+        sys.exit(f"--model {args.model}: no encoder/ there; run `dvc repro pretrain@control` first")
+
+    with tempfile.TemporaryDirectory(prefix="finetune-overhead-") as tmp:  # removed if a stage fails too
+        rows, cpus = measure_all(args, Path(tmp))
 
     summary = {
         label: {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "trial_s", "fixed_s", "load_before")}
