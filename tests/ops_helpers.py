@@ -56,14 +56,22 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def api(base: str, path: str, body: dict | None = None):
-    """A JSON call to a server's REST API (POST when there is a body)."""
+def api(base: str, path: str, body: dict | None = None, method: str | None = None):
+    """A JSON call to a server's REST API (POST when there is a body, GET otherwise, unless `method` says).
+    A 503 is retried, as Prefect's own client does: its server answers so when SQLite is busy (its scheduler
+    writing runs at the same moment)."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
-        f"{base}/{path.lstrip('/')}", data=data, headers={"content-type": "application/json"}
+        f"{base}/{path.lstrip('/')}", data=data, headers={"content-type": "application/json"}, method=method
     )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read() or "null")
+    for attempt in range(6):
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read() or "null")
+        except urllib.error.HTTPError as error:
+            if error.code != 503 or attempt == 5:
+                raise
+            time.sleep(2**attempt)
 
 
 @dataclass(frozen=True)

@@ -244,11 +244,17 @@ def test_the_cron_schedules_of_the_deployments_produce_scheduled_flow_runs_and_t
             out[names[r["deployment_id"]]].append(datetime.fromisoformat(r["expected_start_time"]))
         return {name: sorted(times) for name, times in out.items()}
 
-    deadline = time.monotonic() + 90  # the server schedules recently changed deployments every 5 s
-    while min(len(scheduled()[name]) for name, cron in crons.items() if cron) < 3:
-        assert time.monotonic() < deadline, prefect_server.log.read_text()[log_start:][-3000:]
-        time.sleep(1)
-    runs = scheduled()
+    try:
+        deadline = time.monotonic() + 90  # the server schedules recently changed deployments every 5 s
+        while min(len(scheduled()[name]) for name, cron in crons.items() if cron) < 3:
+            assert time.monotonic() < deadline, prefect_server.log.read_text()[log_start:][-3000:]
+            time.sleep(1)
+        runs = scheduled()
+    finally:
+        # Their scheduled runs would outlive this test on the session's server: once 02:00 UTC has passed, the
+        # nightly one is late, and the process that test_ui.py serves later would start it (the whole tiny preset).
+        for deployment_id in ids.values():
+            api(prefect_server.api, f"deployments/{deployment_id}", method="DELETE")
     assert runs["tiny-one-table"] == []  # on demand only
     nightly, weekly = runs["nightly-tiny"], runs["weekly-small"]
     assert all((t.hour, t.minute, t.utcoffset().total_seconds()) == (2, 0, 0) for t in nightly), nightly
