@@ -43,6 +43,7 @@ SHOWN = {
     "mlm_acc": "mlm acc",
     "mlm_unigram_gain": "mlm gain",
     "detector_unigram_gain": "fixed-task gain",
+    "attention_entropy": "attn entropy",  # 1.0: every token attends evenly to all
 }
 
 

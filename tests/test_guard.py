@@ -13,7 +13,15 @@ from project_helpers import copy_project, run, shrink, stage_args
 from test_pretrain import mlflow_client, mlflow_env
 
 from electralab.config import GuardConfig
-from electralab.train.diagnostics import HeldOut, binary_entropy, collapse, guard_active, token_cosine
+from electralab.train.diagnostics import (
+    HeldOut,
+    attention_entropy,
+    attention_inputs,
+    binary_entropy,
+    collapse,
+    guard_active,
+    token_cosine,
+)
 
 
 def test_token_cosine_is_one_for_one_vector_and_zero_for_orthogonal_ones_and_skips_padding():
@@ -24,6 +32,32 @@ def test_token_cosine_is_one_for_one_vector_and_zero_for_orthogonal_ones_and_ski
     orthogonal = torch.eye(8)[:4].unsqueeze(0)
     assert token_cosine(orthogonal, mask) == pytest.approx(0.0, abs=1e-6)
     assert math.isnan(token_cosine(same, torch.tensor([[True, False, False, False]])))
+
+
+def test_attention_entropy_is_one_for_even_attention_over_the_real_keys_and_falls_as_attention_picks():
+    from electralab.config import EncoderConfig
+    from electralab.model.encoder import Encoder, make_token_embedding
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(hidden=16, layers=2, heads=2, ffn=32, embedding=16, max_positions=32, relative_positions=False)
+    encoder = Encoder(cfg, make_token_embedding(100, 16))
+    ids = torch.randint(5, 100, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 7:] = False  # padding: the second input has 7 real keys
+
+    def measured() -> list[float]:
+        with attention_inputs(encoder) as calls:
+            encoder(ids, mask)
+        return [attention_entropy(*call, mask) for call in calls]
+
+    assert len(measured()) == 2 and not encoder.layers[0].attention._forward_pre_hooks  # recorded, then unhooked
+    for layer in encoder.layers:  # q = k = 0: every query spreads evenly over its input's real keys only
+        torch.nn.init.zeros_(layer.attention.qkv.weight)
+        torch.nn.init.zeros_(layer.attention.qkv.bias)
+    assert measured() == pytest.approx([1.0, 1.0], abs=1e-5)
+    for layer in encoder.layers:  # large random q and k: each query picks a few keys
+        torch.nn.init.normal_(layer.attention.qkv.weight, std=3.0)
+    assert max(measured()) < 0.5
 
 
 def test_binary_entropy_is_the_loss_of_predicting_the_base_rate():
@@ -79,6 +113,9 @@ def test_measuring_restores_train_mode_and_random_state(shards_dir):
     assert objective.training and torch.equal(state, torch.random.get_rng_state())
     assert first == heldout.measure(objective, "fp32")  # the same numbers every time
     assert {"token_cosine", "rtd_loss", "rtd_base_rate_gain", "gen_acc", "detector_unigram_gain"} <= set(first)
+    entropies = [first[f"attention_entropy_{layer}"] for layer in (1, 2)]  # the main encoder's 2 layers
+    assert "attention_entropy_3" not in first and all(0.0 < e <= 1.0 for e in entropies)
+    assert first["attention_entropy"] == pytest.approx(sum(entropies) / 2)
     assert 0.0 < heldout.unigram_accuracy < 0.5
 
 

@@ -18,6 +18,11 @@ every time (the shards' validation split, in eval mode, with fixed random number
   detector (ELECTRA/AMOS/TEAMS's RTD, COCO-LM's copy head): 0 means it predicts only the base rate;
 - `mlm_unigram_gain`: the main MLM's accuracy minus the accuracy of always guessing the most frequent
   masked token (MLM runs): 0 means the MLM learned no more than unigram statistics;
+- `attention_entropy_<layer>` and their mean `attention_entropy`: how evenly the main encoder's real tokens
+  attend, per layer, as the mean entropy of their attention distributions over the entropy of the uniform
+  one over the real keys (1.0: every token attends evenly to all). The dead phase of small ELECTRA-style
+  runs (docs/reproducing.md) looks like the plateau that Gopalani and Hu (NeurIPS 2025, arXiv 2506.13688)
+  trace to slowly learned attention; this is the probe that says whether ours is one.
 - `detector_unigram_gain`: the detector's gain over the base rate on a task that never changes: the same
   masked positions holding tokens drawn from the held-out text's own unigram distribution (a fixed draw).
   A detector that reads context finds random words in a sentence easy; one that only learned which tokens
@@ -35,8 +40,10 @@ table shows its numbers.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +52,7 @@ from electralab import SPECIAL_TOKENS
 from electralab.batch import Batch
 from electralab.config import GuardConfig, MaskingConfig
 from electralab.data.loader import PretrainLoader
+from electralab.model.encoder import Encoder, SelfAttention
 from electralab.objectives.common import Objective, rtd
 from electralab.train.common import autocast
 
@@ -68,6 +76,38 @@ def token_cosine(hidden: torch.Tensor, attention_mask: torch.Tensor) -> float:
         return float("nan")
     total = u.sum(0)
     return float((total @ total - n) / (n * (n - 1)))
+
+
+@contextmanager
+def attention_inputs(encoder: Encoder) -> Iterator[list[tuple[SelfAttention, torch.Tensor, torch.Tensor | None]]]:
+    """While open, every self-attention call of `encoder` is recorded as (module, input, additive bias)."""
+    calls: list[tuple[SelfAttention, torch.Tensor, torch.Tensor | None]] = []
+    hooks = [
+        layer.attention.register_forward_pre_hook(lambda module, args: calls.append((module, *args)))
+        for layer in encoder.layers
+    ]
+    try:
+        yield calls
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def attention_entropy(
+    attention: SelfAttention, x: torch.Tensor, bias: torch.Tensor | None, attention_mask: torch.Tensor
+) -> float:
+    """The mean entropy of the attention distributions of the real tokens (over heads and queries), each
+    over the entropy of the uniform distribution on its input's real keys: 1.0 when every token attends
+    evenly to all, lower as attention picks. Recomputed from q and k in fp32 (SDPA returns no weights)."""
+    B, T, H = x.shape
+    q, k, _ = attention.qkv(x.float()).view(B, T, 3, attention.heads, H // attention.heads).permute(2, 0, 3, 1, 4)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(H // attention.heads)  # (B, heads, T, T)
+    if bias is not None:
+        scores = scores + bias.float()
+    p = scores.softmax(-1)
+    entropy = -(p * p.clamp_min(torch.finfo(p.dtype).tiny).log()).sum(-1).mean(1)  # (B, T): mean over heads
+    uniform = attention_mask.sum(-1, keepdim=True).float().log().clamp_min(1e-6)  # (B, 1); one key: 0 / 0
+    return float((entropy / uniform)[attention_mask].mean())
 
 
 @dataclass
@@ -128,11 +168,17 @@ class HeldOut:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(0)  # the same generator samples at every check
             for batch, corrupted in zip(self.batches, self.unigram_corrupted):
+                encoder = objective.main_encoder()
                 with autocast(batch.input_ids.device, precision):
                     out = objective(batch, progress=1.0)
-                    hidden = objective.main_encoder()(batch.input_ids, batch.attention_mask)[-1]
+                    with attention_inputs(encoder) as attention_calls:
+                        hidden = encoder(batch.input_ids, batch.attention_mask)[-1]
                     detected = objective.detect(corrupted, batch.attention_mask)
                 add("token_cosine", token_cosine(hidden, batch.attention_mask))
+                entropies = [attention_entropy(*call, batch.attention_mask) for call in attention_calls]
+                for layer, entropy in enumerate(entropies, start=1):
+                    add(f"attention_entropy_{layer}", entropy)
+                add("attention_entropy", sum(entropies) / len(entropies))
                 for name, value in out.metrics.items():
                     add(name, float(value))
                 if detected is not None:
@@ -182,4 +228,12 @@ def guard_active(step: int, steps: int, warmup_steps: int, guard: GuardConfig) -
     return guard.enabled and step >= max(warmup_steps, math.ceil(guard.after * steps))
 
 
-__all__ = ["HeldOut", "binary_entropy", "collapse", "guard_active", "token_cosine"]
+__all__ = [
+    "HeldOut",
+    "attention_entropy",
+    "attention_inputs",
+    "binary_entropy",
+    "collapse",
+    "guard_active",
+    "token_cosine",
+]
