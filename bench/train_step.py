@@ -5,17 +5,20 @@ one process, identical configuration.
     python bench/train_step.py --config tiny       # the tiny preset's shape (12 x 64, vocab 8,192, no dropout)
     python bench/train_step.py --device cuda --precision bf16   # GPU: the same comparison under bf16 autocast
     python bench/train_step.py --device cuda --precision bf16 --config base --seq-len 512 --ours-only
+    python bench/train_step.py --device cuda --precision bf16 --compile --steps 20   # eager and compiled, both sides
     python bench/train_step.py --profile           # where our step's time goes (torch.profiler, by operator)
 
 Peer: ElectraForMaskedLM (generator) + ElectraForPreTraining (discriminator) with tied embeddings,
-the same sampling and a 50x RTD weight; both use AdamW. `--precision best` (the default) times each
-implementation in fp32 and, where the device computes bf16 natively (`electralab.train.common.
-resolve_precision("auto")`), under bf16 autocast too, all interleaved in one run, and compares each
-implementation's best mode (issue 12: ours >= 2x the peer's best). Reported per implementation and
-precision: tokens/s, step time, executed GFLOP/s (FlopCounterMode: matmuls and attention, forward +
-backward) and, against the device's peak in that precision (the CPU's matmul peak measured in the same
-run; the data-sheet bf16 peak on GPU), model FLOP utilisation. Peak memory comes from a child process
-each (RSS on CPU, max allocated on GPU). Results are printed and written to bench/out/.
+the same sampling and a 50x RTD weight, SDPA attention; both sides use AdamW (fused on CUDA).
+`--precision best` (the default) times each implementation in fp32 and, where the device computes bf16
+natively (`electralab.train.common.resolve_precision("auto")`), under bf16 autocast too, all interleaved
+in one run, and compares each implementation's best mode (issue 12: ours >= 2x the peer's best).
+`--compile` adds each implementation under torch.compile (ours: the objective; the peer: its generator
+and discriminator), timed beside the eager ones. Reported per variant and precision: tokens/s, step
+time, executed GFLOP/s (FlopCounterMode, counted eagerly: matmuls and attention, forward + backward)
+and, against the device's peak in that precision (the CPU's matmul peak measured in the same run; the
+data-sheet bf16 peak on GPU), model FLOP utilisation. Peak memory comes from a child process each (RSS
+on CPU, max allocated on GPU; eager). Results are printed and written to bench/out/.
 """
 
 from __future__ import annotations
@@ -85,13 +88,22 @@ def make_batch(batch_size: int, seq_len: int, vocab: int, device: torch.device, 
     return Batch(ids, attention, masked, mlm).to(device)
 
 
+def adamw(params, device: torch.device) -> torch.optim.AdamW:
+    """The same optimiser for both sides: one fused kernel on CUDA, multi-tensor ops elsewhere."""
+    return torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
+
+
 class Ours:
     name = "electralab"
 
     def __init__(self, main: EncoderConfig, gen: GeneratorSize, vocab: int, device: torch.device):
         self.device = device
         self.model = Electra(main, GeneratorSizes(electra=gen), vocab, Settings()).to(device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.opt = adamw(self.model.parameters(), device)
+
+    def compile(self) -> None:
+        self.name += "+compile"
+        self.model = torch.compile(self.model)
 
     def step(self, batch: Batch, precision: str) -> float:
         with autocast(self.device, precision):
@@ -110,15 +122,20 @@ class HuggingFace:
 
         self.device = device
         # The generator as ours builds it (objectives/common.py `sized`): the main config, its size replaced.
-        disc_cfg = ElectraConfig(**huggingface_fields(main, vocab))
-        gen_cfg = ElectraConfig(**huggingface_fields(sized(main, gen), vocab))
+        # SDPA attention (fused kernels on CUDA), as ours uses; transformers' default where it supports it.
+        disc_cfg = ElectraConfig(**huggingface_fields(main, vocab), attn_implementation="sdpa")
+        gen_cfg = ElectraConfig(**huggingface_fields(sized(main, gen), vocab), attn_implementation="sdpa")
         self.disc = ElectraForPreTraining(disc_cfg).to(device)
         self.gen = ElectraForMaskedLM(gen_cfg).to(device)
         # ELECTRA ties the generator's and discriminator's embeddings (and the generator's LM head).
         self.gen.electra.embeddings = self.disc.electra.embeddings
         self.gen.generator_lm_head.weight = self.disc.electra.embeddings.word_embeddings.weight
         params = {id(p): p for m in (self.disc, self.gen) for p in m.parameters()}
-        self.opt = torch.optim.AdamW(params.values(), lr=1e-4)
+        self.opt = adamw(params.values(), device)
+
+    def compile(self) -> None:
+        self.name += "+compile"
+        self.gen, self.disc = torch.compile(self.gen), torch.compile(self.disc)
 
     def step(self, batch: Batch, precision: str) -> float:
         labels = batch.input_ids.masked_fill(~batch.mlm_mask, -100)
@@ -189,10 +206,10 @@ def main() -> None:
     ap.add_argument("--config", default="small", choices=sorted(CONFIGS))
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per variant (the median is reported)")
     ap.add_argument("--precision", default="best", choices=["best", "auto", "fp32", "bf16"])
     ap.add_argument("--ours-only", action="store_true")
-    ap.add_argument("--compile", action="store_true", help="torch.compile our objective")
+    ap.add_argument("--compile", action="store_true", help="also time both implementations under torch.compile")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's operator table of our step")
     ap.add_argument("--memory-probe", choices=["electralab", "transformers"], help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -221,22 +238,28 @@ def main() -> None:
         with profile(activities=activities) as prof:
             for _ in range(2):
                 ours.step(batch, modes[-1])
-        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
         print(f"precision {modes[-1]}")
-        print(prof.key_averages().table(sort_by=sort, row_limit=20))
+        print(prof.key_averages().table(sort_by=sort, row_limit=30))
         return
 
-    impls = [Ours(main_cfg, gen_cfg, vocab, device)]
-    if args.compile:
-        impls[0].model = torch.compile(impls[0].model)
-    if not args.ours_only:
-        impls.append(HuggingFace(main_cfg, gen_cfg, vocab, device))
-    runs = [(impl, precision) for impl in impls for precision in modes]
+    kinds = [Ours] + ([] if args.ours_only else [HuggingFace])
+    # Peak memory first, each in a child process, while this one holds nothing on the device yet.
+    memory = {(kind.name, precision): peak_memory(args, kind.name, precision) for kind in kinds for precision in modes}
+    impls = [kind(main_cfg, gen_cfg, vocab, device) for kind in kinds]
     flops = {}
-    for impl, precision in runs:  # warm-up step; in fp32 it doubles as the FLOP count (the same in bf16)
-        if precision == modes[0]:
-            _, flops[impl.name] = count_flops(lambda: impl.step(batch, precision))
-        else:
+    for impl in impls:  # an eager warm-up step that doubles as the FLOP count (the same in every precision)
+        _, flops[impl.name] = count_flops(lambda: impl.step(batch, modes[0]))
+    if args.compile:  # fresh instances (same seed, same weights), so the eager ones stay eager
+        for kind in kinds:
+            torch.manual_seed(0)
+            impl = kind(main_cfg, gen_cfg, vocab, device)
+            flops[impl.name + "+compile"] = flops[impl.name]
+            impl.compile()
+            impls.append(impl)
+    runs = [(impl, precision) for impl in impls for precision in modes]
+    for impl, precision in runs:  # warm-up: compilation (one graph per precision), allocator, kernel choices
+        for _ in range(3 if "+compile" in impl.name else 1):
             impl.step(batch, precision)
     times = time_steps(runs, batch, args.steps, device)
     peaks = {precision: peak_flops(device, precision) for precision in modes}
@@ -262,7 +285,7 @@ def main() -> None:
             "flops_per_step": flops[impl.name],
             "gflops_per_s": flops[impl.name] / t / 1e9,
             "mfu": flops[impl.name] / t / peak if peak else None,
-            "peak_memory_mb": peak_memory(args, impl.name, precision),
+            "peak_memory_mb": memory[impl.name.removesuffix("+compile"), precision],
             "step_times": times[impl.name, precision],
         }
     peak_text = ", ".join(f"{p} {v / 1e9 if v else 0:.1f}" for p, v in peaks.items())
@@ -272,32 +295,44 @@ def main() -> None:
         f"matmul peak GFLOP/s: {peak_text}"
     )
     print(
-        f"{'impl':<14}{'prec':>6}{'step s':>9}{'tokens/s':>11}{'GFLOP/step':>12}"
+        f"{'impl':<22}{'prec':>6}{'step s':>9}{'tokens/s':>11}{'GFLOP/step':>12}"
         f"{'GFLOP/s':>10}{'MFU':>8}{'peak MB':>10}"
     )
     for name, by_precision in results["impls"].items():
         for precision, r in by_precision.items():
             mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "-"
             print(
-                f"{name:<14}{precision:>6}{r['step_s']:>9.3f}{r['tokens_per_s']:>11.0f}"
+                f"{name:<22}{precision:>6}{r['step_s']:>9.3f}{r['tokens_per_s']:>11.0f}"
                 f"{r['flops_per_step'] / 1e9:>12.1f}{r['gflops_per_s']:>10.1f}{mfu:>8}{r['peak_memory_mb']:>10.0f}"
             )
     if "transformers" in results["impls"]:
+        # Each side at its best: the fastest of its variants (eager or compiled) and precisions.
         best = {
-            name: max(by_precision.items(), key=lambda item: item[1]["tokens_per_s"])
-            for name, by_precision in results["impls"].items()
+            side: max(
+                (
+                    (f"{name} {precision}", r["tokens_per_s"])
+                    for name, by in results["impls"].items()
+                    if name.split("+")[0] == side
+                    for precision, r in by.items()
+                ),
+                key=lambda item: item[1],
+            )
+            for side in ("electralab", "transformers")
         }
+        suffixes = [""] + (["+compile"] if args.compile else [])
         results["speedup"] = {
-            precision: results["impls"]["electralab"][precision]["tokens_per_s"]
-            / results["impls"]["transformers"][precision]["tokens_per_s"]
+            f"{precision}{suffix}": results["impls"]["electralab" + suffix][precision]["tokens_per_s"]
+            / results["impls"]["transformers" + suffix][precision]["tokens_per_s"]
             for precision in modes
+            for suffix in suffixes
         }
-        results["speedup"]["best"] = best["electralab"][1]["tokens_per_s"] / best["transformers"][1]["tokens_per_s"]
-        for precision in modes:
-            print(f"speedup in {precision} (tokens/s, electralab / transformers): {results['speedup'][precision]:.2f}x")
+        results["speedup"]["best"] = best["electralab"][1] / best["transformers"][1]
+        for variant, ratio in results["speedup"].items():
+            if variant != "best":
+                print(f"speedup in {variant} (tokens/s, electralab / transformers): {ratio:.2f}x")
         print(
-            f"speedup, each at its best (electralab {best['electralab'][0]}, transformers "
-            f"{best['transformers'][0]}): {results['speedup']['best']:.2f}x"
+            f"speedup, each at its best ({best['electralab'][0]} against {best['transformers'][0]}): "
+            f"{results['speedup']['best']:.2f}x"
         )
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
