@@ -14,8 +14,9 @@ agree with what a fine-tuning finds? At each check: the final layer's token cosi
 the base rate (RTD or COCO-LM's copy head) on its generator's samples and on the fixed task of random words
 from the text (whether it reads context: docs/training.md), the generator's and the MLM's accuracy. The
 preset's data (corpus, vocabulary, shards) is built once under `--out/data`, as bench/signal_sweep.py does.
-`--set section.key=value` overrides a key of the preset (model, generators, pretrain, finetune) or of the
-method's settings (settings.<key>); a value is read as YAML, e.g. `--set finetune.grids.glue_small.lr=[3e-4]`.
+`--set section.key=value` overrides a key of the preset (model, generators, pretrain, finetune, vocab) or of
+the method's settings (settings.<key>); a value is read as YAML, e.g. `--set finetune.grids.glue_small.lr=[3e-4]`.
+A `vocab.<key>` (e.g. `--set vocab.size=4096`) builds the vocabulary and shards again beside the preset's.
 docs/training.md and docs/reproducing.md cite its runs.
 """
 
@@ -86,10 +87,13 @@ def main() -> None:
     except ConfigError as e:
         sys.exit(f"error: {e}")
     spec = raw["runs"][args.run]
-    shards, vocab = build_data(ROOT / "bench" / "out" / "signal_sweep")
+    vocab_sets = {}  # vocab.<key>: the data is built again with that vocabulary (beside the preset's own)
     for item in args.set:
         key, _, value = item.partition("=")
         *path, last = key.split(".")
+        if path == ["vocab"]:
+            vocab_sets[last] = yaml.safe_load(value)
+            continue
         node = spec if path[:1] == ["settings"] else preset  # settings.<key>: the run's; the rest: the preset's
         for part in path:
             node = node.setdefault(part, {})
@@ -97,6 +101,7 @@ def main() -> None:
     try:  # a --set value out of range or of the wrong type: named by its key, before any training
         resolved = parse_params(raw)
         run = resolve_run(resolved, args.run)
+        shards, vocab = build_data(ROOT / "bench" / "out" / "signal_sweep", vocab_sets)
     except ConfigError as e:
         sys.exit(f"error: {e}")
     name = f"trace-{args.run}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -42,21 +42,27 @@ sys.path.insert(0, str(ROOT / "src"))
 SIGNAL_TASKS = ("stsb", "mrpc", "cola")  # where pretraining matters most at small scale (issue 11)
 
 
-def build_data(out: Path) -> tuple[Path, Path]:
-    """The active preset's corpus -> vocab -> shards, once."""
-    from electralab.config import load_params
+def build_data(out: Path, vocab: dict | None = None) -> tuple[Path, Path]:
+    """The active preset's corpus -> vocab -> shards, once; `vocab` overrides keys of its vocabulary
+    (e.g. {"size": 4096}), built beside the preset's own under a name that says which."""
+    from electralab.config import VocabConfig, build, load_params, to_dict
     from electralab.data.corpus import build_corpus
     from electralab.data.shards import build_shards
     from electralab.data.vocab import train_vocab
     from electralab.env import data_root
 
     preset = load_params(ROOT / "params.yaml").active
+    vocab_cfg = build(VocabConfig, {**to_dict(preset.vocab), **(vocab or {})}, "vocab")
     data = out / "data"
-    if not (data / "shards" / "manifest.json").is_file():
-        build_corpus(preset.corpus, data / "corpus", data_root(), where="sweep")
-        train_vocab(data / "corpus", data / "vocab", preset.vocab, where="sweep")
-        build_shards(data / "corpus", data / "vocab", data / "shards", preset.shards)
-    return data / "shards", data / "vocab"
+    corpus = data / "corpus"
+    suffix = "".join(f"-{key}{value}" for key, value in sorted((vocab or {}).items()))
+    vocab_dir, shards = data / f"vocab{suffix}", data / f"shards{suffix}"
+    if not (corpus / "manifest.json").is_file():
+        build_corpus(preset.corpus, corpus, data_root(), where="sweep")
+    if not (shards / "manifest.json").is_file():
+        train_vocab(corpus, vocab_dir, vocab_cfg, where="sweep")
+        build_shards(corpus, vocab_dir, shards, preset.shards)
+    return shards, vocab_dir
 
 
 def resolved_run(method: str, steps: int):
