@@ -93,8 +93,19 @@ def adamw(params, device: torch.device) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
 
 
-class Ours:
-    name = "electralab"
+class Implementation:
+    """One side of the comparison; `name` tells its eager and compiled variants apart."""
+
+    side: str
+    compiled = False
+
+    @property
+    def name(self) -> str:
+        return self.side + ("+compile" if self.compiled else "")
+
+
+class Ours(Implementation):
+    side = "electralab"
 
     def __init__(self, main: EncoderConfig, gen: GeneratorSize, vocab: int, device: torch.device):
         self.device = device
@@ -102,7 +113,7 @@ class Ours:
         self.opt = adamw(self.model.parameters(), device)
 
     def compile(self) -> None:
-        self.name += "+compile"
+        self.compiled = True
         self.model = torch.compile(self.model)
 
     def step(self, batch: Batch, precision: str) -> float:
@@ -114,8 +125,8 @@ class Ours:
         return float(loss.detach())
 
 
-class HuggingFace:
-    name = "transformers"
+class HuggingFace(Implementation):
+    side = "transformers"
 
     def __init__(self, main: EncoderConfig, gen: GeneratorSize, vocab: int, device: torch.device):
         from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
@@ -134,7 +145,7 @@ class HuggingFace:
         self.opt = adamw(params.values(), device)
 
     def compile(self) -> None:
-        self.name += "+compile"
+        self.compiled = True
         self.gen, self.disc = torch.compile(self.gen), torch.compile(self.disc)
 
     def step(self, batch: Batch, precision: str) -> float:
@@ -245,21 +256,20 @@ def main() -> None:
 
     kinds = [Ours] + ([] if args.ours_only else [HuggingFace])
     # Peak memory first, each in a child process, while this one holds nothing on the device yet.
-    memory = {(kind.name, precision): peak_memory(args, kind.name, precision) for kind in kinds for precision in modes}
+    memory = {(kind.side, precision): peak_memory(args, kind.side, precision) for kind in kinds for precision in modes}
     impls = [kind(main_cfg, gen_cfg, vocab, device) for kind in kinds]
-    flops = {}
-    for impl in impls:  # an eager warm-up step that doubles as the FLOP count (the same in every precision)
-        _, flops[impl.name] = count_flops(lambda: impl.step(batch, modes[0]))
+    flops = {}  # per side: an eager warm-up step counts it (the same in every precision, eager or compiled)
+    for impl in impls:
+        _, flops[impl.side] = count_flops(lambda: impl.step(batch, modes[0]))
     if args.compile:  # fresh instances (same seed, same weights), so the eager ones stay eager
         for kind in kinds:
             torch.manual_seed(0)
             impl = kind(main_cfg, gen_cfg, vocab, device)
-            flops[impl.name + "+compile"] = flops[impl.name]
             impl.compile()
             impls.append(impl)
     runs = [(impl, precision) for impl in impls for precision in modes]
     for impl, precision in runs:  # warm-up: compilation (one graph per precision), allocator, kernel choices
-        for _ in range(3 if "+compile" in impl.name else 1):
+        for _ in range(3 if impl.compiled else 1):
             impl.step(batch, precision)
     times = time_steps(runs, batch, args.steps, device)
     peaks = {precision: peak_flops(device, precision) for precision in modes}
@@ -282,10 +292,10 @@ def main() -> None:
         results["impls"].setdefault(impl.name, {})[precision] = {
             "step_s": t,
             "tokens_per_s": tokens / t,
-            "flops_per_step": flops[impl.name],
-            "gflops_per_s": flops[impl.name] / t / 1e9,
-            "mfu": flops[impl.name] / t / peak if peak else None,
-            "peak_memory_mb": memory[impl.name.removesuffix("+compile"), precision],
+            "flops_per_step": flops[impl.side],
+            "gflops_per_s": flops[impl.side] / t / 1e9,
+            "mfu": flops[impl.side] / t / peak if peak else None,
+            "peak_memory_mb": memory[impl.side, precision],
             "step_times": times[impl.name, precision],
         }
     peak_text = ", ".join(f"{p} {v / 1e9 if v else 0:.1f}" for p, v in peaks.items())
@@ -310,10 +320,9 @@ def main() -> None:
         best = {
             side: max(
                 (
-                    (f"{name} {precision}", r["tokens_per_s"])
-                    for name, by in results["impls"].items()
-                    if name.split("+")[0] == side
-                    for precision, r in by.items()
+                    (f"{impl.name} {precision}", results["impls"][impl.name][precision]["tokens_per_s"])
+                    for impl, precision in runs
+                    if impl.side == side
                 ),
                 key=lambda item: item[1],
             )
@@ -336,7 +345,9 @@ def main() -> None:
         )
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
-    name = f"train_step_{args.device.split(':')[0]}_{args.config}_{args.seq_len}.json"
+    # One file per setting, so that runs of several batch sizes or variants do not overwrite each other.
+    variant = "_ours" * args.ours_only + "_compile" * args.compile
+    name = f"train_step_{args.device.split(':')[0]}_{args.config}_{args.seq_len}_b{args.batch_size}{variant}.json"
     (out / name).write_text(json.dumps(results, indent=2))
 
 
