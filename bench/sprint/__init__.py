@@ -16,9 +16,12 @@ checkpoints: large, it stays on the machine that made it), prep/ (the CPU side's
 from __future__ import annotations
 
 import os
+import tarfile
 import time
 from pathlib import Path
 from typing import Callable
+
+from electralab.errors import DataError
 
 SPRINT_DIR = ".sprint"
 CLOCK_ENV = "ELECTRALAB_SPRINT_CLOCK"
@@ -53,3 +56,19 @@ def work_dir(root: Path) -> Path:
 
 def prep_dir(root: Path) -> Path:
     return sprint_dir(root) / "prep"
+
+
+def extract(archive: Path, mode: str, target: Path) -> None:
+    """Unpack one of the sprint's own tarballs (plain files and folders) into `target`, refusing any member
+    that is not one or would land outside it. tarfile's "data" filter does that where Python has it
+    (3.11.4 on); the project allows any 3.11, and Debian's is 3.11.2, so the same rule is checked here too."""
+    root = Path(target).resolve()
+    with tarfile.open(archive, mode) as tar:
+        for member in tar.getmembers():
+            inside = root == (root / member.name).resolve() or root in (root / member.name).resolve().parents
+            if not (member.isfile() or member.isdir()) or not inside:
+                raise DataError(f"{archive}: member {member.name!r} is not a plain file or folder inside the archive")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(root, filter="data")
+        else:
+            tar.extractall(root)

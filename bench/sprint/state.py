@@ -16,7 +16,7 @@ from pathlib import Path
 
 from electralab.errors import ConfigError, DataError
 from electralab.io import atomic_dir, atomic_file, read_json, write_json
-from sprint import state_dir
+from sprint import extract, state_dir
 
 TARBALL = "sprint-state.tar.gz"
 FILES = ("sprint", "source", "probe", "plan", "units", "pieces")
@@ -74,8 +74,7 @@ def restore(source: Path, root: Path) -> Path:
         raise DataError(f"{tarball}: no returned sprint state here (the command writes $OUT/{TARBALL})")
     target = state_dir(root)
     with atomic_dir(target) as tmp:
-        with tarfile.open(tarball, "r:gz") as tar:
-            tar.extractall(tmp, filter="data")
+        extract(tarball, "r:gz", tmp)
         for path in (tmp / "state").iterdir():
             path.rename(tmp / path.name)
         (tmp / "state").rmdir()
