@@ -10,11 +10,13 @@ run log's reading rules, the plan's packing."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import resource
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -430,3 +432,37 @@ def test_plan_packs_whole_units_and_gives_equal_seconds():
     assert [s["piece"] for s in plan["schedule"]] == [1, 2] and not plan["notes"]
     forced = make_plan(probes, ("mlm", "electra"), 40.0, 10.0, 200.0, 1, 400.0, 500.0)
     assert forced["pretrain_seconds"] == 500.0 and "resumes from its checkpoint" in forced["notes"][0]
+
+
+@pytest.mark.parametrize("member", ["../outside.txt", "/abs.txt", "link"])
+def test_a_tarball_member_outside_the_target_or_not_a_plain_file_is_refused(tmp_path, member):
+    """The carry and the returned state are unpacked by `sprint.extract`, on every Python 3.11 (Debian's 3.11.2
+    has no tarfile data filter): a member that would land outside the target, or a link, stops it by name."""
+    from sprint import extract
+
+    archive = tmp_path / "state.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo(member)
+        if member == "link":
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tar.addfile(info)
+        else:
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"hi"))
+    target = tmp_path / "target"
+    target.mkdir()
+    with pytest.raises(DataError, match=f"member {member!r}"):
+        extract(archive, "r:gz", target)
+    assert list(target.iterdir()) == [] and not (tmp_path / "outside.txt").exists()
+
+
+def test_extract_unpacks_plain_files_and_folders(tmp_path):
+    from sprint import extract
+
+    source = tmp_path / "state"
+    (source / "runlog").mkdir(parents=True)
+    (source / "runlog" / "a.jsonl").write_text("{}\n")
+    with tarfile.open(tmp_path / "s.tar.gz", "w:gz") as tar:
+        tar.add(source, arcname="state")
+    extract(tmp_path / "s.tar.gz", "r:gz", tmp_path / "out")
+    assert (tmp_path / "out" / "state" / "runlog" / "a.jsonl").read_text() == "{}\n"
