@@ -2,14 +2,15 @@
 same model size, task, examples and batches.
 
     ELECTRALAB_DATA=../shared/data PYTHONPATH=src python bench/finetune_peer.py --vocab models/mlm/encoder
-    # options: --tasks sst2 mrpc  --examples 512  --repeat 2  --threads 1  --config tiny (12 x 64; or small)
+    # options: --tasks sst2 mrpc  --examples 512  --repeat 2  --threads 1
+    #          --config tiny (4 x 128) | tiny_ablation (12 x 64) | small
 
 Both sides train one pass over the same `--examples` training examples of each task (a fixed random subset,
 tokenised with the vocabulary of `--vocab`, an exported encoder's or a vocab stage's directory), in the same
 batches of 32: the stage's own length-grouped batches (features.train_batches), each padded to its longest
 row. Ours is exactly finetune.trial's step (FinetuneModel on our Encoder, make_adamw); the peer is what a
 transformers user writes: ElectraForSequenceClassification(labels=...) and torch.optim.AdamW, forward,
-backward, step. Same shape for both (the tiny preset's 12 x 64 by default, absolute positions for both, as
+backward, step. Same shape for both (the tiny preset's main 4 x 128 by default, absolute positions for both, as
 the peer has no relative ones; dropout 0.1 in fine-tuning), randomly initialised: the weights do not change
 the speed. Each runs in fp32 and, where the CPU computes bf16 natively, under bf16 autocast; all variants
 interleaved, the best of `--repeat` passes each; the issue's comparison is each side's best mode (issue 12:
@@ -48,7 +49,8 @@ from electralab.train.common import autocast, make_adamw, resolve_precision  # n
 
 BATCH = 32
 SHAPES = {
-    "tiny": dict(hidden=64, layers=12, heads=2, ffn=256, embedding=64),  # the tiny preset's main model
+    "tiny": dict(hidden=128, layers=4, heads=2, ffn=512, embedding=128),  # the tiny preset's main rows
+    "tiny_ablation": dict(hidden=64, layers=12, heads=2, ffn=256, embedding=64),  # its ablation tables
     "small": dict(hidden=256, layers=12, heads=4, ffn=1024, embedding=128),  # ELECTRA-Small
 }
 

@@ -6,16 +6,17 @@
     ... electra --set 'model={"hidden": 128, "layers": 4, "heads": 2, "ffn": 512, "embedding": 128}'
     ... electra --steps 1000 --set pretrain.lr=1e-4 --finetune stsb mrpc cola sst2    # then fine-tuned
 
-It trains the active preset's run (the registry's run of that name) with the stage's own loop for `--steps`
-steps, the warm-up at the preset's fraction of them, the collapse guard measuring every `--every` steps but
-never stopping the run, and prints what the guard sees at each check and where the preset's guard (its `after`,
-thresholds) would have stopped it, so that a run it would fail can still be fine-tuned: does the guard's call
-agree with what a fine-tuning finds? At each check: the final layer's token cosine, the detector's gain over
-the base rate (RTD or COCO-LM's copy head) on its generator's samples and on the fixed task of random words
-from the text (whether it reads context: docs/training.md), the generator's and the MLM's accuracy. The
-preset's data (corpus, vocabulary, shards) is built once under `--out/data`, as bench/signal_sweep.py does.
-`--set section.key=value` overrides a key of the preset (model, generators, pretrain, finetune, vocab) or of
-the method's settings (settings.<key>); a value is read as YAML, e.g. `--set finetune.grids.glue_small.lr=[3e-4]`.
+It trains the active preset's run (the registry's run of that name, at its budget's model, generators and
+schedule) with the stage's own loop for `--steps` steps, the warm-up at the budget's fraction of them, the
+collapse guard measuring every `--every` steps but never stopping the run, and prints what the guard sees at
+each check and where the budget's guard (its `after`, thresholds) would have stopped it, so that a run it
+would fail can still be fine-tuned: does the guard's call agree with what a fine-tuning finds? At each check:
+the final layer's token cosine, the detector's gain over the base rate (RTD or COCO-LM's copy head) on its
+generator's samples and on the fixed task of random words from the text (whether it reads context:
+docs/training.md), the generator's and the MLM's accuracy. The preset's data (corpus, vocabulary, shards) is
+built once under `--out/data`, as bench/signal_sweep.py does. `--set section.key=value` overrides a key of the
+run's scale (model, generators, pretrain: its budget's), of the preset (finetune, vocab) or of the method's
+settings (settings.<key>); a value is read as YAML, e.g. `--set finetune.grids.glue_small.lr=[3e-4]`.
 A `vocab.<key>` (e.g. `--set vocab.size=4096`) builds the vocabulary and shards again beside the preset's.
 docs/training.md and docs/reproducing.md cite its runs.
 """
@@ -64,7 +65,7 @@ def main() -> None:
 
     from signal_sweep import build_data, finetune_point
 
-    from electralab.config import deep_merge, load_params, parse_params
+    from electralab.config import MAIN_BUDGET, deep_merge, load_params, parse_params
     from electralab.errors import ConfigError
     from electralab.runs import check_run, resolve_run
     from electralab.train.diagnostics import collapse, guard_active
@@ -72,7 +73,17 @@ def main() -> None:
 
     params = load_params(ROOT / "params.yaml")
     raw, preset = params.raw, params.raw["presets"][params.preset]
-    cfg = params.active.pretrain
+    try:
+        check_run(args.run, raw["runs"])
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    spec = raw["runs"][args.run]
+    budget = spec.get("budget", MAIN_BUDGET)
+    if budget in (preset.get("budgets") or {}):  # the run's own scale, so that --steps and --set apply to it
+        for part, delta in preset["budgets"].pop(budget).items():
+            preset[part] = deep_merge(preset[part], delta or {})
+        spec["budget"] = MAIN_BUDGET
+    cfg = parse_params(raw).active.pretrain
     overrides = {
         "steps": args.steps,
         "warmup_steps": round(cfg.warmup_steps * args.steps / cfg.steps),
@@ -82,11 +93,6 @@ def main() -> None:
         "guard": {"every": args.every},
     }
     preset["pretrain"] = deep_merge(preset["pretrain"], overrides)
-    try:
-        check_run(args.run, raw["runs"])
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
-    spec = raw["runs"][args.run]
     vocab_sets = {}  # vocab.<key>: the data is built again with that vocabulary (beside the preset's own)
     for item in args.set:
         key, _, value = item.partition("=")

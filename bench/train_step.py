@@ -2,7 +2,8 @@
 one process, identical configuration.
 
     python bench/train_step.py                     # CPU, ELECTRA-Small, seq 128, batch 32: fp32 and bf16
-    python bench/train_step.py --config tiny       # the tiny preset's shape (12 x 64, vocab 8,192, no dropout)
+    python bench/train_step.py --config tiny       # the tiny preset's main rows (4 x 128, vocab 8,192, no dropout)
+    python bench/train_step.py --config tiny_ablation  # its ablation tables' shape (12 x 64)
     python bench/train_step.py --device cuda --precision bf16   # GPU: the same comparison under bf16 autocast
     python bench/train_step.py --device cuda --precision bf16 --config base --seq-len 512 --ours-only
     python bench/train_step.py --device cuda --precision bf16 --compile --steps 20   # eager and compiled, both sides
@@ -54,8 +55,23 @@ CONFIGS = {  # name -> (main model, generator, vocabulary size)
         GeneratorSize(hidden=64, heads=1, ffn=256),
         30522,
     ),
-    # The tiny preset's shape (params.yaml), absolute positions for the peer, no dropout as it pretrains.
+    # The tiny preset's shapes (params.yaml), absolute positions for the peer, no dropout as it pretrains:
+    # its main rows (4 x 128, generator 1/4 wide) and its ablation tables (12 x 64, generator 1/2 wide).
     "tiny": (
+        EncoderConfig(
+            hidden=128,
+            layers=4,
+            heads=2,
+            ffn=512,
+            embedding=128,
+            relative_positions=False,
+            dropout=0.0,
+            attention_dropout=0.0,
+        ),
+        GeneratorSize(hidden=32, heads=1, ffn=128),
+        8192,
+    ),
+    "tiny_ablation": (
         EncoderConfig(
             hidden=64,
             layers=12,

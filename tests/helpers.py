@@ -8,7 +8,7 @@ import torch
 
 from electralab import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 from electralab.batch import Batch
-from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes
+from electralab.config import AmosGeneratorSize, EncoderConfig, GeneratorSize, GeneratorSizes
 
 VOCAB = 97
 
@@ -32,7 +32,7 @@ def tiny_generators() -> GeneratorSizes:
     return GeneratorSizes(
         electra=GeneratorSize(hidden=16, heads=1, ffn=32),
         cocolm=GeneratorSize(layers=4),
-        amos=GeneratorSize(layers=8),
+        amos=AmosGeneratorSize(layers=8),
         teams=GeneratorSize(layers=6),
     )
 

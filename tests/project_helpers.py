@@ -64,7 +64,7 @@ def set_param(project: Path, dotted: str, value) -> None:
 MINI_GRID = {"lr": [1.0e-3], "epochs": [1], "batch_size": [8], "warmup": [0.1]}
 MINI = {
     "corpus": {"mirror": [{"file": "wikitext-2-raw_test_nonblank.txt", "format": "wikitext"}], "max_documents": 2000},
-    "model": {"hidden": 16, "heads": 1, "ffn": 32, "embedding": 16},
+    "model": {"hidden": 16, "layers": 12, "heads": 1, "ffn": 32, "embedding": 16},  # the papers' depth
     "generators": {
         "electra": {"hidden": 8, "heads": 1, "ffn": 16},
         "cocolm": {"layers": 4},

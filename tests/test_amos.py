@@ -20,6 +20,7 @@ fed, what it outputs); nothing is mocked.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ from helpers import VOCAB, make_batch, tiny_generators, tiny_model
 from torch import nn
 
 from electralab.batch import Batch
+from electralab.config import AmosGeneratorSize, GeneratorSizes
+from electralab.config import build as build_type
 from electralab.errors import ConfigError
 from electralab.objectives import method_settings
 from electralab.objectives.amos import Amos, Settings
@@ -136,8 +139,8 @@ def reference(
     dtype = E.dtype
     mask, ids = batch.mlm_mask, batch.input_ids
     targets = ids[mask]
-    outs = generator_outputs(encoder, batch, set(s.exits[:-1]) if s.stop_gradient else set())
-    f = [outs[d][mask] for d in s.exits]  # before the projection head
+    outs = generator_outputs(encoder, batch, set(obj.exit_layers[:-1]) if s.stop_gradient else set())
+    f = [outs[d][mask] for d in obj.exit_layers]  # before the projection head
     h = [project(head, x) for x in f]  # after it
     exit_losses = [cross_entropy(x @ E.T + b, targets) for x in h]  # Eq. 2, per exit
     gen_loss = sum(exit_losses)
@@ -263,11 +266,12 @@ def with_random_v(obj: Amos, seed: int = 5, scale: float = 6.0) -> torch.Tensor:
 
 def test_defaults_are_the_papers():
     s = Settings()
-    assert s.exits == (4, 6, 8) and s.stop_gradient and s.mixture == "adversarial"
+    assert s.exits is None and s.stop_gradient and s.mixture == "adversarial"  # exits: the preset's generator's
     assert s.gumbel_temperature == TAU and s.rtd_weight == LAMBDA and s.generator_dropout == 0.0
     assert s.adversarial_mlm_multiplier == 0.0 and s.masking.mask_prob == 0.15
     obj = build()
     assert len(obj.generators) == 1 and len(obj.generators[0].layers) == 8  # 8-layer generator
+    assert obj.exit_layers == (4, 6, 8) and GeneratorSizes().amos.exits == (4, 6, 8)  # Sec. 4
     assert obj.generators[0].cfg.hidden == obj.discriminator.cfg.hidden  # full width
 
 
@@ -801,7 +805,7 @@ def test_row_lowers_its_loss_and_is_reproducible(settings):
     "settings, key",
     [
         ({"mixture": "fixed"}, "fixed_weights"),
-        ({"mixture": "fixed", "fixed_weights": [0.5, 0.5]}, "fixed_weights"),
+        ({"mixture": "fixed", "fixed_weights": [0.5, 0.5], "exits": [4, 6, 8]}, "fixed_weights"),
         ({"mixture": "fixed", "fixed_weights": [1.0, -1.0, 1.0]}, "fixed_weights"),
         ({"exits": [6, 4, 8]}, "exits"),
         ({"exits": [4, 4, 8]}, "exits"),
@@ -819,3 +823,23 @@ def test_bad_settings_raise_config_error_naming_the_key(settings, key):
 def test_exit_above_the_generator_preset_depth_is_a_config_error():
     with pytest.raises(ConfigError, match="exits"):
         build(exits=[4, 10])  # tiny_generators().amos has 8 layers
+
+
+def test_the_exits_come_from_the_presets_generator_unless_the_run_names_its_own():
+    """A shallower generator (the tiny preset's main AMOS row: 3 layers, exits 1/2/3) carries its exits;
+    a run's own settings.exits (Table 9's rows) take precedence; weights for another count of exits fail."""
+    shallow = dataclasses.replace(tiny_generators(), amos=AmosGeneratorSize(layers=3, exits=(1, 2, 3)))
+    obj = Amos(tiny_model(layers=2), shallow, VOCAB, method_settings("amos", {}))
+    assert obj.exit_layers == (1, 2, 3) and len(obj.generators[0].layers) == 3
+    assert obj.exit_names == ["exit1", "exit2", "exit3"]
+    own = Amos(tiny_model(layers=2), shallow, VOCAB, method_settings("amos", {"exits": [2, 3]}))
+    assert own.exit_layers == (2, 3)
+    with pytest.raises(ConfigError, match="fixed_weights"):
+        Amos(
+            tiny_model(layers=2),
+            shallow,
+            VOCAB,
+            method_settings("amos", {"mixture": "fixed", "fixed_weights": [1.0, 1.0]}),
+        )
+    with pytest.raises(ConfigError, match="exits"):
+        build_type(AmosGeneratorSize, {"layers": 3, "exits": [4, 6, 8]}, "generators.amos")

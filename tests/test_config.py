@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import yaml
@@ -95,26 +96,43 @@ def test_masking_probabilities_must_leave_room():
     assert electra.mask_prob == 0.15
 
 
-def test_a_runs_budget_picks_its_schedule_and_every_table_compares_at_one_budget():
+def test_a_runs_budget_picks_its_scale_and_every_table_compares_at_one_budget():
     from electralab.runs import resolve_all
-    from electralab.tables import CONTROL_RUN, TABLES
+    from electralab.tables import TABLES
 
     params = load_params(ROOT / "params.yaml")
     runs, tiny = resolve_all(params), params.active
     ablation = tiny.budgets["ablation"]
-    assert runs["cocolm"].pretrain == tiny.pretrain
-    assert runs["cocolm_ablation"].pretrain.steps == ablation["steps"] < tiny.pretrain.steps
+    assert (runs["cocolm"].pretrain, runs["cocolm"].model, runs["cocolm"].generators) == (
+        tiny.pretrain,
+        tiny.model,
+        tiny.generators,
+    )
+    # the ablation budget's own schedule, model and auxiliaries: the papers' depths, a shorter schedule
+    assert runs["cocolm_ablation"].pretrain.steps == ablation["pretrain"]["steps"] < tiny.pretrain.steps
+    assert runs["cocolm_ablation"].model.layers == 12 > tiny.model.layers == 4
+    assert runs["amos_ablation"].generators.amos.exits == (4, 6, 8) and tiny.generators.amos.exits == (1, 2, 3)
     assert runs["cocolm_rtd_only"].pretrain == runs["cocolm_ablation"].pretrain
-    guard = runs["cocolm_ablation"].pretrain.guard  # nested overrides merge key by key
-    assert guard.every == ablation["guard"]["every"] and guard.batches == tiny.pretrain.guard.batches
-    for key, spec in TABLES.items():
-        budgets = {runs[r].spec.budget for r in spec.runs() if r != CONTROL_RUN}
+    # nested changes merge key by key: what the budget does not state is the preset's
+    guard, model = runs["cocolm_ablation"].pretrain.guard, runs["cocolm_ablation"].model
+    assert guard.every == ablation["pretrain"]["guard"]["every"] and guard.batches == tiny.pretrain.guard.batches
+    assert model.detector_bias == tiny.model.detector_bias == "base_rate"
+    assert runs["cocolm_no_relpos"].model == dataclasses.replace(model, relative_positions=False)  # the run's own
+    for key, spec in TABLES.items():  # the control included: the same encoder as the table's rows
+        budgets = {runs[r].spec.budget for r in spec.runs()}
         assert len(budgets) == 1, (key, budgets)
+        assert {runs[r].model.layers for r in spec.runs()} == {runs[spec.control].model.layers}, key
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     with pytest.raises(ConfigError, match=r"runs.cocolm_rtd_only.budget='ablaton' is not a budget of any preset"):
         resolve_all(parse_params(with_change(raw, "runs.cocolm_rtd_only.budget", "ablaton")))
-    with pytest.raises(ConfigError, match=r"presets.tiny.budgets.ablation.steps=0 is out of range"):
-        parse_params(with_change(raw, "presets.tiny.budgets.ablation.steps", 0))
+    with pytest.raises(ConfigError, match=r"presets.tiny.budgets.ablation.pretrain.steps=0 is out of range"):
+        parse_params(with_change(raw, "presets.tiny.budgets.ablation.pretrain.steps", 0))
+    with pytest.raises(ConfigError, match=r"presets.tiny.budgets.ablation.model: unknown key 'layerz'"):
+        parse_params(with_change(raw, "presets.tiny.budgets.ablation.model.layerz", 3))
+    with pytest.raises(ConfigError, match=r"presets.tiny.budgets.ablation: unknown key 'steps'.*pretrain"):
+        parse_params(with_change(raw, "presets.tiny.budgets.ablation.steps", 700))  # the schema before 25 Nov
+    with pytest.raises(ConfigError, match=r"presets.tiny.budgets.ablation.generators.amos.exits=\[4, 6, 8\]"):
+        parse_params(with_change(raw, "presets.tiny.budgets.ablation.generators.amos.layers", 6))
 
 
 @pytest.mark.parametrize("section, key", [("pretrain", "steps"), ("vocab", "size"), ("model", "layers")])

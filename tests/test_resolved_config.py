@@ -2,7 +2,7 @@
 (presets state only what differs from the code defaults, `methods:` only departures from the papers'),
 so a value can change by editing a default in code as easily as a line of params.yaml. This test makes
 either kind of change visible: tests/fixtures/resolved_config.json holds what every run of every preset
-resolves to (each preset in full, each run's method settings and model changes, each budget's schedule).
+resolves to (each preset in full, each run's method settings and model changes, each budget's changes).
 
 A deliberate change: update the fixture and say why in the commit,
     PYTHONPATH=src python tests/test_resolved_config.py --write
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "resolved_config.json"
 sys.path.insert(0, str(ROOT / "src"))
 
-from electralab.config import parse_params, to_dict  # noqa: E402
+from electralab.config import BUDGET_PARTS, parse_params, to_dict  # noqa: E402
 from electralab.runs import resolve_all  # noqa: E402
 
 
@@ -31,7 +31,8 @@ def _changed(full: dict, base: dict) -> dict:
 
 def resolved(raw: dict) -> dict:
     """{"presets": every preset resolved, "runs": what each run adds (the same at every preset),
-    "budgets": per preset, the schedule changes of each budget its runs train at}."""
+    "budgets": per preset, what each budget its runs train at changes of the preset's model, generators
+    and pretrain}."""
     out: dict = {"presets": {}, "runs": {}, "budgets": {}}
     for name in raw["presets"]:
         params = parse_params({**copy.deepcopy(raw), "preset": name})
@@ -40,15 +41,15 @@ def resolved(raw: dict) -> dict:
         budgets = out["budgets"][name] = {}
         for run_name, run in resolve_all(params).items():
             p = json.loads(json.dumps(run.as_params()))
-            assert p["generators"] == preset["generators"], run_name
-            budgets.setdefault(p["budget"], _changed(p["pretrain"], preset["pretrain"]))
-            assert budgets[p["budget"]] == _changed(p["pretrain"], preset["pretrain"]), run_name
+            budget = json.loads(json.dumps(to_dict(params.active.budget(p["budget"]))))
+            assert p["generators"] == budget["generators"] and p["pretrain"] == budget["pretrain"], run_name
+            budgets[p["budget"]] = {part: _changed(budget[part], preset[part]) for part in BUDGET_PARTS}
             own = {
                 "method": p["method"],
                 "budget": p["budget"],
                 "seed": p["seed"],
                 "settings": p["settings"],
-                "model": _changed(p["model"], preset["model"]),
+                "model": _changed(p["model"], budget["model"]),
             }
             seen = out["runs"].setdefault(run_name, own)
             assert seen == own, f"run {run_name} resolves differently at preset {name}: {own} vs {seen}"

@@ -36,7 +36,10 @@ def describe(preset_name: str, preset: Preset, mirror: bool) -> str:
         else ", ".join(h.path for h in preset.corpus.hub) + " (Hugging Face hub)"
     )
     cap = f", first {preset.corpus.max_documents} documents" if preset.corpus.max_documents else ""
-    others = "".join(f" ({name} runs: {preset.pretrain_for(name).steps} steps)" for name in preset.budgets)
+    others = "".join(
+        f" ({name} runs: {b.model.layers} layers x {b.model.hidden} hidden, {b.pretrain.steps} steps)"
+        for name, b in ((name, preset.budget(name)) for name in preset.budgets)
+    )
     return (
         f"{preset_name} preset: corpus {corpus}{cap}; {preset.vocab.size}-piece "
         f"{'uncased' if preset.corpus.uncased else 'cased'} {preset.vocab.model_type.upper()}; main model "

@@ -204,12 +204,26 @@ class GeneratorSize:
 
 
 @dataclass(frozen=True)
+class AmosGeneratorSize(GeneratorSize):
+    """AMOS's generator also places its MLM exits (Sec. 4: layers 4, 6 and 8 of 8). A run's own
+    `settings.exits` (Table 9's rows) take precedence; a shallower generator needs exits of its own."""
+
+    exits: tuple[int, ...] = (4, 6, 8)
+
+    def check(self, where: str) -> None:
+        if not self.exits or list(self.exits) != sorted(set(self.exits)) or self.exits[0] < 1:
+            raise ConfigError(f"{where}.exits={list(self.exits)}: give distinct positive layers in increasing order")
+        if self.layers is not None and self.exits[-1] > self.layers:
+            raise ConfigError(f"{where}.exits={list(self.exits)}: an exit above the generator's {self.layers} layers")
+
+
+@dataclass(frozen=True)
 class GeneratorSizes:
     """The auxiliary networks of each method at this scale."""
 
     electra: GeneratorSize = field(default_factory=GeneratorSize)  # same depth, 1/3 (base) or 1/4 width
     cocolm: GeneratorSize = field(default_factory=GeneratorSize)  # 4 layers base, 6 large, full width
-    amos: GeneratorSize = field(default_factory=GeneratorSize)  # 8 layers, full width
+    amos: AmosGeneratorSize = field(default_factory=AmosGeneratorSize)  # 8 layers, full width
     teams: GeneratorSize = field(default_factory=GeneratorSize)  # 1/2 depth, full width
 
 
@@ -412,6 +426,18 @@ class FinetuneConfig:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """What a run trains at: the main model, its auxiliary networks and the pretraining schedule."""
+
+    model: EncoderConfig
+    generators: GeneratorSizes
+    pretrain: PretrainConfig
+
+
+BUDGET_PARTS = ("model", "generators", "pretrain")
+
+
+@dataclass(frozen=True)
 class Preset:
     corpus: CorpusConfig
     vocab: VocabConfig
@@ -420,33 +446,52 @@ class Preset:
     generators: GeneratorSizes
     pretrain: PretrainConfig
     finetune: FinetuneConfig | None = None  # None: this preset does not fine-tune (the stage says so)
-    # Named pretraining budgets besides the main one (`pretrain`), as overrides of it: a run with
-    # `budget: ablation` trains with `pretrain` updated by `budgets.ablation`. A budget the preset does
-    # not name is the main one. The tiny preset gives its ablation tables a smaller budget of their own.
+    # Named budgets besides the main one (`model`, `generators`, `pretrain`): each states what it changes
+    # of those three, as deltas (`budgets.<name>.model`, `.generators`, `.pretrain`). A run with
+    # `budget: ablation` trains at the main scale updated by `budgets.ablation`; a budget the preset does
+    # not name is the main one. The tiny preset trains its main rows wide and shallow, where a CPU budget
+    # carries signal, and its ablation tables at the papers' depths with a smaller budget of their own.
     budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def pretrain_for(self, budget: str, where: str = "") -> PretrainConfig:
-        """The pretraining schedule of a budget (checked like `pretrain`)."""
-        if budget not in self.budgets:
-            return self.pretrain
-        merged = deep_merge(to_dict(self.pretrain), self.budgets[budget])
-        return build(PretrainConfig, merged, f"{where}.budgets.{budget}" if where else f"budgets.{budget}")
+    def budget(self, name: str, where: str = "") -> Budget:
+        """The model, generators and schedule of a budget (checked like the preset's own)."""
+        if name not in self.budgets:
+            return Budget(self.model, self.generators, self.pretrain)
+        where = f"{where}.budgets.{name}" if where else f"budgets.{name}"
+        delta = self.budgets[name]
+        if not isinstance(delta, dict) or set(delta) - set(BUDGET_PARTS):
+            unknown = sorted(set(delta) - set(BUDGET_PARTS)) if isinstance(delta, dict) else [delta]
+            raise ConfigError(
+                f"{where}: unknown key {unknown[0]!r}; a budget states changes of {', '.join(BUDGET_PARTS)} "
+                f"(e.g. {where}.pretrain.steps)"
+            )
+        parts = {
+            part: build(
+                type(getattr(self, part)),
+                deep_merge(to_dict(getattr(self, part)), delta.get(part) or {}),
+                f"{where}.{part}",
+            )
+            for part in BUDGET_PARTS
+        }
+        return Budget(**parts)
 
     def check(self, where: str) -> None:
-        for budget in self.budgets:
-            if budget == MAIN_BUDGET:
-                raise ConfigError(f"{where}.budgets.{MAIN_BUDGET}: the main budget is {where}.pretrain itself")
-            self.pretrain_for(budget, where)
-        if self.shards.seq_len > self.model.max_positions:
-            raise ConfigError(
-                f"{where}.shards.seq_len={self.shards.seq_len} exceeds "
-                f"{where}.model.max_positions={self.model.max_positions}"
+        if MAIN_BUDGET in self.budgets:
+            raise ConfigError(f"{where}.budgets.{MAIN_BUDGET}: the main budget is the preset's own model and pretrain")
+        for name in (MAIN_BUDGET, *self.budgets):
+            model, at = (
+                self.budget(name, where).model,
+                f"{where}.budgets.{name}.model" if name in self.budgets else f"{where}.model",
             )
-        if self.finetune is not None and self.finetune.max_seq_len > self.model.max_positions:
-            raise ConfigError(
-                f"{where}.finetune.max_seq_len={self.finetune.max_seq_len} exceeds "
-                f"{where}.model.max_positions={self.model.max_positions}"
-            )
+            if self.shards.seq_len > model.max_positions:
+                raise ConfigError(
+                    f"{where}.shards.seq_len={self.shards.seq_len} exceeds {at}.max_positions={model.max_positions}"
+                )
+            if self.finetune is not None and self.finetune.max_seq_len > model.max_positions:
+                raise ConfigError(
+                    f"{where}.finetune.max_seq_len={self.finetune.max_seq_len} exceeds "
+                    f"{at}.max_positions={model.max_positions}"
+                )
 
 
 PRESETS = ("tiny", "small", "base", "base_pp", "large_pp")

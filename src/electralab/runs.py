@@ -12,8 +12,8 @@ The tables and figures a run belongs to are the ones whose rows name it in the t
 (electralab.tables), not a key of its own.
 
 A run resolves to everything its pretraining needs: method settings (methods.<method> defaults,
-then the run's `settings`), the encoder (the preset's `model`, then the run's `model`), generator
-sizes and the pretraining schedule of the active preset.
+then the run's `settings`), and the encoder (the budget's `model`, then the run's `model`), generator
+sizes and pretraining schedule of the run's budget at the active preset.
 """
 
 from __future__ import annotations
@@ -136,15 +136,14 @@ def resolve_run(params: Params, name: str) -> ResolvedRun:
     if not isinstance(defaults, dict):
         raise ConfigError(f"methods.{spec.method}: expected a mapping of settings")
     settings = method_settings(spec.method, deep_merge(defaults, spec.settings), f"{where}.settings")
-    preset = params.active
-    model = build(EncoderConfig, deep_merge(to_dict(preset.model), spec.model), f"{where}.model")
     known = {MAIN_BUDGET} | {b for p in params.presets.values() for b in p.budgets}
     if spec.budget not in known:  # a typo would silently train at the main budget
         raise ConfigError(
             f"{where}.budget={spec.budget!r} is not a budget of any preset; known: {', '.join(sorted(known))}"
         )
-    pretrain = preset.pretrain_for(spec.budget, f"presets.{params.preset}")
-    return ResolvedRun(name, spec, params.preset, settings, model, preset.generators, pretrain)
+    budget = params.active.budget(spec.budget, f"presets.{params.preset}")
+    model = build(EncoderConfig, deep_merge(to_dict(budget.model), spec.model), f"{where}.model")
+    return ResolvedRun(name, spec, params.preset, settings, model, budget.generators, budget.pretrain)
 
 
 def resolve_all(params: Params) -> dict[str, ResolvedRun]:

@@ -54,7 +54,9 @@ class Settings:
     # 15% (App. B); the authors' fairseq code, as COCO-LM App. D: 80/10/10, [CLS]/[SEP] maskable (RoBERTa)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     generator_layers: int | None = bounded(None, lo=1, hi=128)  # None: the preset's (8)
-    exits: tuple[int, ...] = (4, 6, 8)  # MLM heads' layers (Sec. 4; Table 9: (4,8), (2,4,6,8), 1..8)
+    # MLM heads' layers (Table 9: (4,8), (2,4,6,8), 1..8); None: the preset's generators.amos.exits,
+    # (4, 6, 8) at the papers' scales (Sec. 4)
+    exits: tuple[int, ...] | None = None
     stop_gradient: bool = True  # between blocks; False = Table 2 "- stop grad."
     # How exits are combined: "adversarial" (AMOS); "uniform" ("- adv. train"); "random_layer" (one
     # exit per masked position, uniformly); "layer_switch" (4 -> 6 -> 8 at 1/3 and 2/3 of training);
@@ -73,24 +75,20 @@ class Settings:
     generator_dropout: float = bounded(0.0, lo=0.0, hi=1.0)  # "we disable dropout in the generator"
 
     def check(self, where: str) -> None:
-        depths = self.separate_generators or self.exits
-        if not depths or any(d < 1 for d in depths):
+        depths = self.separate_generators or self.exits  # None: the preset's exits, checked with it
+        if depths is not None and (not depths or any(d < 1 for d in depths)):
             raise ConfigError(f"{where}: exits/separate_generators must be positive layer numbers, got {list(depths)}")
-        if self.separate_generators is None and list(self.exits) != sorted(set(self.exits)):
+        own_exits = self.exits if self.separate_generators is None else None
+        if own_exits is not None and list(own_exits) != sorted(set(own_exits)):
             raise ConfigError(f"{where}.exits={list(self.exits)}: give distinct layers in increasing order")
-        if (
-            self.generator_layers is not None
-            and self.separate_generators is None
-            and max(self.exits) > self.generator_layers
-        ):
+        if own_exits is not None and self.generator_layers is not None and max(own_exits) > self.generator_layers:
             raise ConfigError(
                 f"{where}.exits={list(self.exits)}: an exit above generator_layers={self.generator_layers}"
             )
         if self.mixture == "fixed" and self.fixed_weights_from is None:
-            if self.fixed_weights is None or len(self.fixed_weights) != len(depths):
-                raise ConfigError(
-                    f"{where}.fixed_weights: give one weight per exit ({len(depths)}) when mixture='fixed'"
-                )
+            if self.fixed_weights is None or (depths is not None and len(self.fixed_weights) != len(depths)):
+                count = f" ({len(depths)})" if depths is not None else ""
+                raise ConfigError(f"{where}.fixed_weights: give one weight per exit{count} when mixture='fixed'")
             if any(w < 0 for w in self.fixed_weights) or sum(self.fixed_weights) <= 0:
                 raise ConfigError(
                     f"{where}.fixed_weights={list(self.fixed_weights)}: weights must be >= 0 with a positive sum"
@@ -125,12 +123,13 @@ class Amos(Objective):
         no_dropout = dict(dropout=s.generator_dropout, attention_dropout=s.generator_dropout)
         if s.separate_generators is None:
             layers = s.generator_layers or generators.amos.layers or model.layers
-            if max(s.exits) > layers:
-                raise ConfigError(f"amos exits={list(s.exits)} exceed the generator's {layers} layers")
+            self.exit_layers = s.exits or generators.amos.exits
+            if max(self.exit_layers) > layers:
+                raise ConfigError(f"amos exits={list(self.exit_layers)} exceed the generator's {layers} layers")
             cfg = sized(model, GeneratorSize(layers=layers), **no_dropout)
             self.generators = nn.ModuleList([Encoder(cfg, self.tokens)])
             self.heads = nn.ModuleList([self._head(cfg)])  # one head shared by the exits
-            self.exit_names = [f"exit{d}" for d in s.exits]
+            self.exit_names = [f"exit{d}" for d in self.exit_layers]
         else:
             cfgs = [sized(model, GeneratorSize(layers=d), **no_dropout) for d in s.separate_generators]
             self.generators = nn.ModuleList([Encoder(c, self.tokens) for c in cfgs])
@@ -139,6 +138,10 @@ class Amos(Objective):
         self.fixed_weights = s.fixed_weights
         if s.mixture == "fixed" and s.fixed_weights_from is not None:
             self.fixed_weights = read_mixture_weights(s.fixed_weights_from, self.exit_names)
+        if self.fixed_weights is not None and len(self.fixed_weights) != len(self.exit_names):
+            raise ConfigError(
+                f"amos fixed_weights={list(self.fixed_weights)}: give one weight per exit ({len(self.exit_names)})"
+            )
         if s.mixture == "adversarial":  # v of Eq. 3 (zeros: the mixture starts uniform)
             self.mixture_v = nn.Parameter(torch.zeros(model.hidden))
         self.discriminator = Encoder(model, self.tokens)
@@ -153,9 +156,9 @@ class Amos(Objective):
         """f^(d) (M, H) and h^(d) (M, E) at the masked positions for every exit, with its head."""
         s = self.settings
         if s.separate_generators is None:
-            detach = set(s.exits[:-1]) if s.stop_gradient else set()
+            detach = set(self.exit_layers[:-1]) if s.stop_gradient else set()
             hidden = self.generators[0](batch.masked_ids, batch.attention_mask, detach_after=detach)
-            f = [hidden[d][batch.mlm_mask] for d in s.exits]
+            f = [hidden[d][batch.mlm_mask] for d in self.exit_layers]
             heads = [self.heads[0]] * len(f)
         else:
             f = [g(batch.masked_ids, batch.attention_mask)[-1][batch.mlm_mask] for g in self.generators]

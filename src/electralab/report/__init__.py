@@ -46,7 +46,7 @@ from electralab.report.build import (
 from electralab.report.claims import HOLDS, NOISE, REVERSED, check_claims
 from electralab.report.render import claims_details, claims_markdown, page_html, table_html, to_csv, to_markdown
 from electralab.report.why import explain, missing_reasons
-from electralab.tables import CONTROL_RUN, FIGURES, GLUE_AVG_PARTS, SQUAD2, TABLES
+from electralab.tables import FIGURES, GLUE_AVG_PARTS, SQUAD2, TABLES
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ def mark_verdicts(table: BuiltTable, claims: pd.DataFrame) -> None:
     that row (the subject's own row: against the no-pretraining control); none where no claim was decided."""
     decided = claims[(claims["run"] == table.spec.subject) & claims["verdict"].isin([HOLDS, REVERSED, NOISE])]
     verdicts = {
-        table.spec.subject if than == CONTROL_RUN else than: verdict
+        table.spec.subject if than == table.spec.control else than: verdict
         for than, verdict in zip(decided["than"], decided["verdict"])
     }
     table.frame["row_verdict"] = table.frame["run"].map(verdicts).fillna("")

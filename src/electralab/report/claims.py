@@ -31,7 +31,7 @@ import pandas as pd
 
 from electralab.report.build import Results
 from electralab.report.published import published_table
-from electralab.tables import CONTROL_RUN, GLUE_AVG, GLUE_AVG_PARTS, Column, TableSpec
+from electralab.tables import GLUE_AVG, GLUE_AVG_PARTS, Column, TableSpec
 
 ALPHA = 0.05
 HOLDS, REVERSED, NOISE, NO_VERDICT = "holds", "reversed", "within noise", "—"
@@ -49,9 +49,9 @@ class Comparison:
 def comparisons(spec: TableSpec, setting: str) -> list[Comparison]:
     """The table's comparisons in its published setting (rows we do not train are left out)."""
     rows = {r.run: r.name for r in spec.rows[setting] if r.run}
-    pairs = [(spec.subject, run) for run in rows if run not in (spec.subject, CONTROL_RUN)]
+    pairs = [(spec.subject, run) for run in rows if run not in (spec.subject, spec.control)]
     pairs += [pair for pair in spec.claims if pair[0] in rows and pair[1] in rows]
-    pairs += [(run, CONTROL_RUN) for run in rows if run != CONTROL_RUN]
+    pairs += [(run, spec.control) for run in rows if run != spec.control]
     unique = [p for p in dict.fromkeys(pairs) if p[0] in rows and p[1] in rows]
     return [Comparison(rows[a], a, rows[b], b) for a, b in unique]
 
@@ -128,7 +128,7 @@ def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
             float(math.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2)) if finite and len(seeds) > 1 else math.nan
         )
         p_value = welch_p_value(a, b) if finite else math.nan
-        published = 1.0 if c.than == CONTROL_RUN else published_difference(spec, setting, c.row, c.than_row, shared)
+        published = 1.0 if c.than == spec.control else published_difference(spec, setting, c.row, c.than_row, shared)
         lines.append(
             {
                 "table": spec.key,
@@ -140,7 +140,7 @@ def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
                 "ours": ours,
                 "spread": spread,
                 "p_value": p_value,
-                "published": math.nan if c.than == CONTROL_RUN else published,
+                "published": math.nan if c.than == spec.control else published,
                 "verdict": verdict(ours, p_value, published),
             }
         )
