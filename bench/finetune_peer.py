@@ -20,6 +20,7 @@ ours >= 2x). One thread by default, as one trial of the stage runs. JSON -> benc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from finetune_throughput import task_sample  # noqa: E402
+from train_step import shape  # noqa: E402
 
 from electralab.config import EncoderConfig  # noqa: E402
 from electralab.data.vocab import Tokenizer  # noqa: E402
@@ -48,11 +50,6 @@ from electralab.model.encoder import Encoder, make_token_embedding  # noqa: E402
 from electralab.train.common import autocast, make_adamw, resolve_precision  # noqa: E402
 
 BATCH = 32
-SHAPES = {
-    "tiny": dict(hidden=128, layers=4, heads=2, ffn=512, embedding=128),  # the tiny preset's main rows
-    "tiny_ablation": dict(hidden=64, layers=12, heads=2, ffn=256, embedding=64),  # its ablation tables
-    "small": dict(hidden=256, layers=12, heads=4, ffn=1024, embedding=128),  # ELECTRA-Small
-}
 
 
 class Ours:
@@ -106,7 +103,7 @@ def main() -> None:
         "--tasks", nargs="+", default=["sst2", "mrpc"], choices=[t for t, task in TASKS.items() if task.kind != "span"]
     )
     parser.add_argument("--examples", type=int, default=512)
-    parser.add_argument("--config", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--config", choices=["small", "tiny", "tiny_ablation"], default="tiny")
     parser.add_argument("--max-len", type=int, default=128, help="the tiny preset's finetune.max_seq_len")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
@@ -121,7 +118,7 @@ def main() -> None:
         tokenizer = Tokenizer(args.vocab)
     except DataError as e:
         sys.exit(f"error: --vocab {args.vocab}: {e}")
-    cfg = EncoderConfig(**SHAPES[args.config], relative_positions=False, max_positions=512)
+    cfg = dataclasses.replace(shape(args.config, pretraining=False)[0], max_positions=512)
     print(
         f"{args.config} ({cfg.layers} x {cfg.hidden}), vocab {tokenizer.vocab_size}; {args.threads} thread(s); "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; precisions {precisions}; "

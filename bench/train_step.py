@@ -25,6 +25,7 @@ on CPU, max allocated on GPU; eager). Results are printed and written to bench/o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -41,10 +42,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from electralab import MASK_ID  # noqa: E402
 from electralab.batch import Batch  # noqa: E402
-from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes  # noqa: E402
+from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes, load_params  # noqa: E402
 from electralab.export import huggingface_fields  # noqa: E402
 from electralab.objectives.common import sized  # noqa: E402
 from electralab.objectives.electra import Electra, Settings  # noqa: E402
+from electralab.runs import resolve_run  # noqa: E402
 from electralab.train.common import autocast, resolve_precision  # noqa: E402
 from electralab.train.perf import count_flops, peak_flops  # noqa: E402
 
@@ -55,36 +57,6 @@ CONFIGS = {  # name -> (main model, generator, vocabulary size)
         GeneratorSize(hidden=64, heads=1, ffn=256),
         30522,
     ),
-    # The tiny preset's shapes (params.yaml), absolute positions for the peer, no dropout as it pretrains:
-    # its main rows (4 x 128, generator 1/4 wide) and its ablation tables (12 x 64, generator 1/2 wide).
-    "tiny": (
-        EncoderConfig(
-            hidden=128,
-            layers=4,
-            heads=2,
-            ffn=512,
-            embedding=128,
-            relative_positions=False,
-            dropout=0.0,
-            attention_dropout=0.0,
-        ),
-        GeneratorSize(hidden=32, heads=1, ffn=128),
-        8192,
-    ),
-    "tiny_ablation": (
-        EncoderConfig(
-            hidden=64,
-            layers=12,
-            heads=2,
-            ffn=256,
-            embedding=64,
-            relative_positions=False,
-            dropout=0.0,
-            attention_dropout=0.0,
-        ),
-        GeneratorSize(hidden=32, heads=1, ffn=128),
-        8192,
-    ),
     # BERT-base main model, ELECTRA-Base generator (1/3 width).
     "base": (
         EncoderConfig(hidden=768, layers=12, heads=12, ffn=3072, embedding=768, relative_positions=False),
@@ -92,6 +64,24 @@ CONFIGS = {  # name -> (main model, generator, vocabulary size)
         30522,
     ),
 }
+
+
+# The tiny preset's shapes, read from params.yaml through the run that trains at each: its main rows
+# (4 x 128, generator 1/4 wide) and its ablation tables (12 x 64, generator 1/2 wide).
+TINY_RUNS = {"tiny": "electra", "tiny_ablation": "electra_ablation"}
+
+
+def shape(config: str, pretraining: bool = True) -> tuple[EncoderConfig, GeneratorSize, int]:
+    """(main model, generator, vocabulary size) of `--config`, with absolute positions (the peer has no
+    relative ones); a tiny one `pretraining` with the run's pretraining dropout (none at the tiny preset)."""
+    if config not in TINY_RUNS:
+        return CONFIGS[config]
+    params = dataclasses.replace(load_params(ROOT / "params.yaml"), preset="tiny")
+    run = resolve_run(params, TINY_RUNS[config])
+    main = dataclasses.replace(run.model, relative_positions=False)
+    if pretraining and run.pretrain.dropout is not None:
+        main = dataclasses.replace(main, dropout=run.pretrain.dropout, attention_dropout=run.pretrain.dropout)
+    return main, run.generators.electra, params.active.vocab.size
 
 
 def make_batch(batch_size: int, seq_len: int, vocab: int, device: torch.device, seed: int = 0) -> Batch:
@@ -230,7 +220,7 @@ def precisions(choice: str, device: torch.device) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--config", default="small", choices=sorted(CONFIGS))
+    ap.add_argument("--config", default="small", choices=sorted(CONFIGS | TINY_RUNS))
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant (the median is reported)")
@@ -242,7 +232,7 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
-    main_cfg, gen_cfg, vocab = CONFIGS[args.config]
+    main_cfg, gen_cfg, vocab = shape(args.config)
     batch = make_batch(args.batch_size, args.seq_len, vocab, device)
     modes = precisions(args.precision, device)
 

@@ -211,10 +211,16 @@ class AmosGeneratorSize(GeneratorSize):
     exits: tuple[int, ...] = (4, 6, 8)
 
     def check(self, where: str) -> None:
-        if not self.exits or list(self.exits) != sorted(set(self.exits)) or self.exits[0] < 1:
-            raise ConfigError(f"{where}.exits={list(self.exits)}: give distinct positive layers in increasing order")
-        if self.layers is not None and self.exits[-1] > self.layers:
-            raise ConfigError(f"{where}.exits={list(self.exits)}: an exit above the generator's {self.layers} layers")
+        check_exits(self.exits, self.layers, f"{where}.exits")
+
+
+def check_exits(exits: tuple[int, ...], layers: int | None, where: str) -> None:
+    """MLM exits of a multi-exit generator: distinct positive layers in increasing order, none above
+    the generator's `layers` (None: its depth is not known here)."""
+    if not exits or list(exits) != sorted(set(exits)) or exits[0] < 1:
+        raise ConfigError(f"{where}={list(exits)}: give distinct positive layers in increasing order")
+    if layers is not None and exits[-1] > layers:
+        raise ConfigError(f"{where}={list(exits)}: an exit above the generator's {layers} layers")
 
 
 @dataclass(frozen=True)

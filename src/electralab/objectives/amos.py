@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from electralab.batch import Batch
-from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes, MaskingConfig, bounded
+from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes, MaskingConfig, bounded, check_exits
 from electralab.errors import ConfigError
 from electralab.model.encoder import Encoder, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
@@ -76,15 +76,11 @@ class Settings:
 
     def check(self, where: str) -> None:
         depths = self.separate_generators or self.exits  # None: the preset's exits, checked with it
-        if depths is not None and (not depths or any(d < 1 for d in depths)):
-            raise ConfigError(f"{where}: exits/separate_generators must be positive layer numbers, got {list(depths)}")
-        own_exits = self.exits if self.separate_generators is None else None
-        if own_exits is not None and list(own_exits) != sorted(set(own_exits)):
-            raise ConfigError(f"{where}.exits={list(self.exits)}: give distinct layers in increasing order")
-        if own_exits is not None and self.generator_layers is not None and max(own_exits) > self.generator_layers:
-            raise ConfigError(
-                f"{where}.exits={list(self.exits)}: an exit above generator_layers={self.generator_layers}"
-            )
+        if self.separate_generators is not None:
+            if not depths or any(d < 1 for d in depths):
+                raise ConfigError(f"{where}.separate_generators={list(depths)}: give positive layer counts")
+        elif self.exits is not None:
+            check_exits(self.exits, self.generator_layers, f"{where}.exits")
         if self.mixture == "fixed" and self.fixed_weights_from is None:
             if self.fixed_weights is None or (depths is not None and len(self.fixed_weights) != len(depths)):
                 count = f" ({len(depths)})" if depths is not None else ""
@@ -124,8 +120,7 @@ class Amos(Objective):
         if s.separate_generators is None:
             layers = s.generator_layers or generators.amos.layers or model.layers
             self.exit_layers = s.exits or generators.amos.exits
-            if max(self.exit_layers) > layers:
-                raise ConfigError(f"amos exits={list(self.exit_layers)} exceed the generator's {layers} layers")
+            check_exits(self.exit_layers, layers, "amos exits")
             cfg = sized(model, GeneratorSize(layers=layers), **no_dropout)
             self.generators = nn.ModuleList([Encoder(cfg, self.tokens)])
             self.heads = nn.ModuleList([self._head(cfg)])  # one head shared by the exits
