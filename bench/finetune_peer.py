@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from finetune_throughput import task_sample  # noqa: E402
-from train_step import shape  # noqa: E402
+from train_step import TINY_RUNS, shape  # noqa: E402
 
 from electralab.config import EncoderConfig  # noqa: E402
 from electralab.data.vocab import Tokenizer  # noqa: E402
@@ -103,7 +103,7 @@ def main() -> None:
         "--tasks", nargs="+", default=["sst2", "mrpc"], choices=[t for t, task in TASKS.items() if task.kind != "span"]
     )
     parser.add_argument("--examples", type=int, default=512)
-    parser.add_argument("--config", choices=["small", "tiny", "tiny_ablation"], default="tiny")
+    parser.add_argument("--config", choices=["small", *TINY_RUNS], default="tiny")
     parser.add_argument("--max-len", type=int, default=128, help="the tiny preset's finetune.max_seq_len")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)

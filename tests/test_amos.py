@@ -812,6 +812,7 @@ def test_row_lowers_its_loss_and_is_reproducible(settings):
         ({"generator_layers": 6, "exits": [4, 6, 8]}, "exits"),
         ({"exits": [0, 4]}, "exits"),
         ({"separate_generators": [4, 0]}, "separate_generators"),
+        ({"separate_generators": []}, "separate_generators"),
         ({"mixture": "softmax"}, "mixture"),
         ({"gumbel_temperature": 0.0}, "gumbel_temperature"),
         ({"exit": [4]}, "exit"),

@@ -76,9 +76,12 @@ class Settings:
 
     def check(self, where: str) -> None:
         depths = self.separate_generators or self.exits  # None: the preset's exits, checked with it
-        if self.separate_generators is not None:
-            if not depths or any(d < 1 for d in depths):
-                raise ConfigError(f"{where}.separate_generators={list(depths)}: give positive layer counts")
+        separate = self.separate_generators
+        if separate is not None:
+            if not separate or any(d < 1 for d in separate):
+                raise ConfigError(
+                    f"{where}.separate_generators={list(separate)}: give one or more positive layer counts"
+                )
         elif self.exits is not None:
             check_exits(self.exits, self.generator_layers, f"{where}.exits")
         if self.mixture == "fixed" and self.fixed_weights_from is None:
