@@ -134,7 +134,7 @@ def finetune_point(encoder_dir: str, tasks: list[str], seeds: list[int], workers
     from electralab.finetune.tasks import TASKS
 
     cfg = cfg or load_params(ROOT / "params.yaml").active.finetune
-    grids = {task: configurations(getattr(cfg.grids, TASKS[task].grid)) for task in tasks}
+    grids = {task: configurations(cfg.search_space(TASKS[task])) for task in tasks}
     jobs = [(task, hp, seed) for task in tasks for hp in grids[task] for seed in seeds]
     with ProcessPoolExecutor(workers) as pool:
         futures = [

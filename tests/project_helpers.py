@@ -96,6 +96,7 @@ MINI = {
         "max_seq_len": 64,
         "max_train_examples": 16,
         "train_caps": {},
+        "task_epochs": {},
         "max_eval_examples": 16,
         "eval_batch_size": 32,
         "squad": {"doc_stride": 32, "max_query_len": 16, "max_train_questions": 8, "max_eval_questions": 8},

@@ -74,6 +74,16 @@ def test_params_yaml_loads_every_preset():
             "presets.tiny.pretrain.checkpoint_fractions=[1.5, -1.0]: fractions of training must be in (0, 1]",
         ),
         ("presets.tiny.pretrain.checkpoint_fractions", [0.5, 0.5], "checkpoint_fractions=[0.5, 0.5] repeats a value"),
+        (
+            "presets.tiny.finetune.task_epochs",
+            {"sts": [10]},
+            "presets.tiny.finetune.task_epochs: 'sts' is not a task; choose from",
+        ),
+        (
+            "presets.tiny.finetune.task_epochs",
+            {"stsb": [0]},
+            "presets.tiny.finetune.task_epochs.stsb=[0]: list one or more distinct epoch counts, each >= 1",
+        ),
     ],
 )
 def test_bad_data_settings_name_key_and_value(raw, dotted, value, expected):

@@ -15,6 +15,7 @@ from electralab.config import FinetuneConfig, SearchSpace, load_params
 from electralab.errors import ConfigError, DataError
 from electralab.finetune.grid import FINAL, Group, HParams, ResultStore, TrialSpec, configurations, select
 from electralab.finetune.protocol import plan, summarize
+from electralab.finetune.tasks import TASKS
 from electralab.io import fingerprint, write_json
 from electralab.runs import resolve_run
 
@@ -30,6 +31,17 @@ def test_configurations_are_the_full_product_in_a_fixed_order():
     base = PARAMS.presets["base"].finetune.grids
     # COCO-LM Table 7: small tasks 4 x 4 x 2 x 2, large tasks 4 x 3; Table 8 (SQuAD): 4 x 2 x 2 x 2
     assert [len(configurations(g)) for g in (base.glue_small, base.glue_large, base.squad2)] == [64, 12, 32]
+
+
+def test_a_tasks_own_epochs_replace_its_groups():
+    # The tiny preset fine-tunes as ELECTRA does: STS-B and RTE 10 epochs, the other small tasks 3.
+    assert TINY.search_space(TASKS["stsb"]).epochs == (10,)
+    assert TINY.search_space(TASKS["rte"]).epochs == (10,)
+    assert TINY.search_space(TASKS["cola"]) == TINY.grids.glue_small
+    assert TINY.grids.glue_small.epochs == (3,)
+    # Only the epochs change: one configuration per task still, the same rate, batch and warm-up.
+    stsb = configurations(TINY.search_space(TASKS["stsb"]))
+    assert stsb == [dataclasses.replace(configurations(TINY.grids.glue_small)[0], epochs=10)]
 
 
 def finals(values: dict[HParams, list[float]], extra: float = 0.0) -> dict[TrialSpec, dict[str, float]]:

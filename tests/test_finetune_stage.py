@@ -43,6 +43,7 @@ FINETUNE = {
     "grids": {"glue_small": TINY_GRID, "glue_large": TINY_GRID, "squad2": {**TINY_GRID, "epochs": [1]}},
     "max_seq_len": 64,
     "max_train_examples": 16,
+    "task_epochs": {},
     "max_eval_examples": 16,
     "eval_batch_size": 32,
     "squad": {"doc_stride": 32, "max_query_len": 16, "max_train_questions": 8, "max_eval_questions": 8},

@@ -90,7 +90,7 @@ class Finetuner:
         self.longest_trial_s = 0.0  # submitted to finished, in the sprint's clock (later deadlines judge by it)
 
     def grid(self, task: str):
-        return configurations(getattr(self.cfg.grids, TASKS[task].grid))
+        return configurations(self.cfg.search_space(TASKS[task]))
 
     def trial_steps(self) -> int:
         """Optimizer steps of one run's whole grid (what the fine-tuning time scales with)."""
@@ -170,7 +170,7 @@ class Finetuner:
         task = TASKS[group.task]
         selection = select({s: finals[s] for s in specs}, self.grid(group.task), task.main_metric)
         data = self.data[group.task]
-        grid = asdict(getattr(self.cfg.grids, task.grid))
+        grid = asdict(self.cfg.search_space(task))
         tracker.finish(
             parent,
             selection,

@@ -25,11 +25,14 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from electralab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from electralab.finetune.tasks import Task
 
 
 def _range(lo: float | None = None, hi: float | None = None) -> dict:
@@ -379,6 +382,9 @@ class FinetuneConfig:
     # Per-task training caps; max_train_examples still binds when smaller (e.g. {sst2: 5000}: a label-scarce SST-2 whose
     # cost stays near the small tasks'; the same fixed sample for every run).
     train_caps: dict[str, int] = field(default_factory=dict)
+    # Per-task max epochs in place of the task's grid's, e.g. ELECTRA's fine-tuning (google-research/electra,
+    # configure_finetuning.py): 10 epochs for RTE and STS-B, 3 for the other GLUE tasks -> {stsb: [10], rte: [10]}.
+    task_epochs: dict[str, tuple[int, ...]] = field(default_factory=dict)
     eval_batch_size: int = bounded(128, lo=1)
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # as pretrain.precision
     # Evaluate after every epoch (a child run's curve), or after the last one only (the result either way).
@@ -402,12 +408,17 @@ class FinetuneConfig:
     max_failures: int = bounded(2, lo=0)  # retries of a failed trial
 
     def check(self, where: str) -> None:
-        for key in ("tasks", "efficiency_tasks", "few_shot_tasks", "train_caps"):
+        for key in ("tasks", "efficiency_tasks", "few_shot_tasks", "train_caps", "task_epochs"):
             unknown = [t for t in getattr(self, key) if t not in FINETUNE_TASKS]
             if unknown:
                 raise ConfigError(f"{where}.{key}: {unknown[0]!r} is not a task; choose from {list(FINETUNE_TASKS)}")
         if any(cap < 1 for cap in self.train_caps.values()):
             raise ConfigError(f"{where}.train_caps={self.train_caps}: every cap must be at least 1")
+        for task, epochs in self.task_epochs.items():
+            if not epochs or len(set(epochs)) != len(epochs) or min(epochs) < 1:
+                raise ConfigError(
+                    f"{where}.task_epochs.{task}={list(epochs)}: list one or more distinct epoch counts, each >= 1"
+                )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"{where}.seeds={list(self.seeds)}: list at least one seed, each once")
         if any(not 0 < f <= 1 for f in self.few_shot_fractions):
@@ -429,6 +440,12 @@ class FinetuneConfig:
             raise ConfigError(f"{where}.adam_betas={list(self.adam_betas)}: betas must be in [0, 1)")
         if self.resources.cpus == 0 and self.resources.gpus == 0:
             raise ConfigError(f"{where}.resources: a trial needs cpus > 0 or gpus > 0")
+
+    def search_space(self, task: Task) -> SearchSpace:
+        """The grid of `task`: its group's (task.grid: glue_small, glue_large, squad2), with its own epochs if any."""
+        space = getattr(self.grids, task.grid)
+        epochs = self.task_epochs.get(task.name)
+        return dataclasses.replace(space, epochs=epochs) if epochs else space
 
 
 @dataclass(frozen=True)

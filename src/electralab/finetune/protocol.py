@@ -201,7 +201,7 @@ class GridRun:
     def grid_of(self, group: Group) -> list[HParams]:
         if self.uses_selection(group):
             return [self.selections[Group(group.task)].best]
-        return configurations(getattr(self.cfg.grids, TASKS[group.task].grid))
+        return configurations(self.cfg.search_space(TASKS[group.task]))
 
     def run_phase(self, groups: list[Group], phase: int, trainable_fn: Callable | None) -> None:
         """Every configuration x seed of `groups` (finished ones from the store), then each group's selection."""
@@ -276,7 +276,7 @@ class GridRun:
         grid = (
             "the configuration selected on the final checkpoint"
             if self.uses_selection(group)
-            else asdict(getattr(self.cfg.grids, task.grid))
+            else asdict(self.cfg.search_space(task))
         )
         params = {
             "grid": grid,
