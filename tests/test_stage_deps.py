@@ -50,10 +50,23 @@ def module_file(name: str) -> Path | None:
     return None
 
 
+def runnable_nodes(node: ast.AST):
+    """Every node under `node` but those of an `if TYPE_CHECKING:` block: imports there never run (they name
+    types for annotations only), so they are no dependency."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for orelse in child.orelse:
+                yield orelse
+                yield from runnable_nodes(orelse)
+            continue
+        yield child
+        yield from runnable_nodes(child)
+
+
 def electralab_imports(path: Path) -> set[str]:
-    """The electralab modules (and attributes of them) `path` imports, anywhere in the file."""
+    """The electralab modules (and attributes of them) `path` imports, anywhere in the file it can run."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in runnable_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -121,3 +134,27 @@ def test_the_deps_of_a_stage_cover_every_module_it_runs(name):
     # A dep naming no file (a module renamed or removed) fails `dvc repro` only when DVC gets to the stage.
     absent = [d for d in deps if d.startswith(("src/", "stages/")) and not (ROOT / d).exists()]
     assert not absent, f"stage {name}: deps that do not exist: {absent}"
+
+
+def test_imports_for_type_annotations_only_are_no_dependency_but_every_other_import_is(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import typing\n"
+        "from typing import TYPE_CHECKING\n"
+        "import electralab.errors\n"
+        "if TYPE_CHECKING:\n"
+        "    from electralab.finetune.tasks import Task\n"
+        "else:\n"
+        "    import electralab.env\n"
+        "if typing.TYPE_CHECKING:\n"
+        "    import electralab.tables\n"
+        "def f():\n"
+        "    from electralab.data import vocab\n",
+        encoding="utf-8",
+    )
+    assert electralab_imports(module) == {
+        "electralab.errors",
+        "electralab.env",
+        "electralab.data",
+        "electralab.data.vocab",
+    }
