@@ -1,6 +1,6 @@
 """The shared encoder against hand-written references: T5 relative buckets, SDPA attention with an
 additive bias and [PAD] mask, the post-LayerNorm layer order, the layer outputs, stop-gradients,
-shared parts, and the papers' parameter counts."""
+shared parts, the papers' parameter counts, the last layer at [CLS] only, and the CPU dropout mask."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from helpers import VOCAB, jitter, tiny_model
 
 from electralab.config import EncoderConfig, load_params
 from electralab.model.encoder import (
+    Dropout,
     Encoder,
     RelativePositionBias,
     SelfAttention,
     TransformerLayer,
     count_parameters,
+    dropout,
     make_token_embedding,
     relative_position_bucket,
 )
@@ -330,3 +332,83 @@ def test_bf16_autocast_runs_and_matches_fp32_loosely():
         got = enc(ids, mask)[-1]
     assert got.dtype in (torch.bfloat16, torch.float32) and torch.isfinite(got.float()).all()
     torch.testing.assert_close(got.float(), want, atol=0.1, rtol=0.05)
+
+
+# --------------------------------------------------------------------------------------------
+# Speed paths: the last layer at the first positions only, the CPU dropout mask
+# --------------------------------------------------------------------------------------------
+
+
+def test_last_layer_queries_give_the_full_layers_first_rows_and_gradients():
+    cfg = tiny_model(embedding=16)
+    enc = jitter(build(cfg))
+    torch.manual_seed(2)
+    ids = torch.randint(5, VOCAB, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+
+    def run(queries):
+        enc.zero_grad()
+        hidden = enc(ids, mask, last_layer_queries=queries)
+        hidden[-1][:, 0].pow(2).sum().backward()
+        return hidden, {n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None}
+
+    full, full_grads = run(None)
+    fast, fast_grads = run(1)
+    assert fast[-1].shape == (3, 1, 32) and all(f.shape == (3, 9, 32) for f in fast[:-1])
+    torch.testing.assert_close(fast[-1][:, 0], full[-1][:, 0], atol=1e-5, rtol=1e-5)
+    assert full_grads.keys() == fast_grads.keys()
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
+    # Two queries: the first two rows; the other rows' outputs are not the first one's (the check can fail).
+    torch.testing.assert_close(enc(ids, mask, last_layer_queries=2)[-1], full[-1][:, :2], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(full[-1][:, 1], full[-1][:, 0], atol=1e-3)
+
+
+def test_cpu_dropout_keeps_one_minus_p_scaled_and_follows_the_seed():
+    x = torch.ones(1000, 1000)
+    torch.manual_seed(0)
+    y = dropout(x, 0.1)
+    kept = y != 0
+    # p rounded to a multiple of 2^-15: 3277 / 32768 = 0.100006; 1e6 draws: the rate's sd is 0.0003.
+    assert abs(kept.float().mean().item() - (1 - 3277 / 32768)) < 0.0015
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / 0.9))
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, 0.1), y)  # the global generator decides it, as it decides bernoulli_
+    assert not torch.equal(dropout(x, 0.1), y)
+    # Both 15-bit halves of a draw are used and independent: neighbours are dropped together only by chance.
+    both = (~kept[:, 0::2] & ~kept[:, 1::2]).float().mean().item()
+    assert abs(both - 0.1**2) < 0.002
+    for p in (0.5, 0.25):
+        assert abs((dropout(x, p) != 0).float().mean().item() - (1 - p)) < 0.0015
+    assert torch.equal(dropout(x, 0.1, training=False), x) and torch.equal(dropout(x, 0.0), x)
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    odd = torch.ones(3, 5, 7, dtype=torch.bfloat16)  # an odd number of elements, bf16 under autocast
+    assert dropout(odd, 0.1).shape == odd.shape and dropout(odd, 0.1).dtype == torch.bfloat16
+
+
+def test_cpu_dropout_gradient_is_the_same_mask():
+    x = torch.randn(64, 32, requires_grad=True)
+    module = Dropout(0.3).train()
+    y = module(x)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, (y != 0).float() / 0.7)
+    assert torch.equal(module.eval()(x), x)
+
+
+def test_cpu_training_attention_is_sdpa_when_nothing_is_dropped():
+    """Training on CPU with attention dropout takes the explicit softmax path (dropout's cheaper mask); with a
+    dropout too small to drop anything it must give SDPA's result."""
+    torch.manual_seed(0)
+    attn = SelfAttention(tiny_model(hidden=8, heads=2)).eval()
+    x = torch.randn(2, 5, 8)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[0, 3:] = False
+    bias = torch.randn(1, 2, 5, 5) + pad_bias(mask)
+    want = attn(x, bias)
+    attn.train()
+    attn.dropout_p = 1e-9  # rounds to a threshold of 0: every probability kept, scaled by 1 / (1 - 1e-9)
+    torch.testing.assert_close(attn(x, bias), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attn(x, None), attn.eval()(x, None), atol=1e-5, rtol=1e-5)
+    attn.train().dropout_p = 0.5  # and it does drop (the check can fail)
+    assert not torch.allclose(attn(x, bias), want, atol=1e-3)

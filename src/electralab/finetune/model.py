@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from electralab.finetune.tasks import Task
-from electralab.model.encoder import Encoder, init_weights
+from electralab.model.encoder import Dropout, Encoder, init_weights
 
 
 class ClassificationHead(nn.Module):
@@ -26,7 +26,7 @@ class ClassificationHead(nn.Module):
 
     def __init__(self, hidden: int, outputs: int, dropout: float):
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.dense = nn.Linear(hidden, hidden)
         self.out = nn.Linear(hidden, outputs)
 
@@ -48,10 +48,12 @@ class FinetuneModel(nn.Module):
         init_weights(self.head, encoder.cfg.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(input_ids, attention_mask)[-1]  # (B, T, H) the last layer
         if self.kind == "span":  # [PAD] positions can be neither start nor end
+            hidden = self.encoder(input_ids, attention_mask)[-1]  # (B, T, H) the last layer
             logits = self.head(hidden)  # (B, T, 2)
             return logits.masked_fill(~attention_mask[..., None], torch.finfo(logits.dtype).min)
+        # Sentence heads read [CLS] alone: the last layer is computed at that position only (the same values).
+        hidden = self.encoder(input_ids, attention_mask, last_layer_queries=1)[-1]  # (B, 1, H)
         logits = self.head(hidden[:, 0])  # (B, C) from [CLS]
         return logits.squeeze(-1) if self.kind == "regression" else logits
 

@@ -52,6 +52,27 @@ def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int, 
     return buckets + torch.where(is_small, distance, large)
 
 
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """F.dropout, with a cheaper mask on CPU. torch's CPU bernoulli_ draws one 32-bit number per element in a
+    serial loop (15% of a 4 x 128 fine-tuning step on the AMD EPYC, docs/performance.md); here each 31-bit draw of
+    the same generator gives two elements 15 random bits each, so p is rounded to a multiple of 2^-15 (0.1 ->
+    0.100006). torch.manual_seed and the checkpointed RNG state govern it as they govern bernoulli_."""
+    if not training or p == 0.0 or p == 1.0 or x.device.type != "cpu":
+        return F.dropout(x, p, training)
+    n = x.numel()
+    bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_()  # uniform on [0, 2^31)
+    halves = bits.view(torch.int16)[:n].view(x.shape) & 0x7FFF  # two uniform 15-bit numbers per draw
+    scale = (halves >= round(p * 32768)).to(x.dtype).mul_(1.0 / (1.0 - p))
+    return x * scale
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout through `dropout` (the same p, the same place in set_dropout and state dicts)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
 class RelativePositionBias(nn.Module):
     """One learned scalar per (bucket, head), shared by all layers of an encoder (as in T5)."""
 
@@ -87,7 +108,7 @@ class Embeddings(nn.Module):
         self.tokens = tokens
         self.positions = nn.Embedding(cfg.max_positions, cfg.embedding) if cfg.absolute_positions else None
         self.norm = nn.LayerNorm(cfg.embedding, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         # Factorised embeddings (ELECTRA-Small: 128-d) or a narrower generator sharing a wider table.
         self.project = nn.Linear(cfg.embedding, cfg.hidden) if cfg.embedding != cfg.hidden else None
 
@@ -107,13 +128,28 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden, cfg.hidden)
         self.dropout_p = cfg.attention_dropout
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None, queries: int | None = None) -> torch.Tensor:
+        """(B, T, H) -> (B, T, H); with `queries`, only the first `queries` positions attend (every position is
+        still a key and a value): (B, queries, H)."""
         B, T, H = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+        if queries is None:
+            q, k, v = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+        else:  # the same weights, split: queries from the first positions, keys and values from all
+            w, b = self.qkv.weight, self.qkv.bias
+            q = F.linear(x[:, :queries], w[:H], b[:H]).view(B, queries, self.heads, H // self.heads).transpose(1, 2)
+            k, v = F.linear(x, w[H:], b[H:]).view(B, T, 2, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+            bias = bias[..., :queries, :] if bias is not None else None
         if bias is not None and bias.dtype != q.dtype:  # autocast: the mask must match q's dtype
             bias = bias.to(q.dtype)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.dropout_p if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(B, T, H))  # (B, T, H)
+        if self.training and self.dropout_p > 0 and q.device.type == "cpu":
+            # SDPA with dropout on CPU is its math path with bernoulli_ masks: the same math, with `dropout`.
+            scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
+            probs = (scores if bias is None else scores + bias).softmax(dim=-1)
+            y = dropout(probs, self.dropout_p) @ v
+        else:
+            dropout_p = self.dropout_p if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+        return self.out(y.transpose(1, 2).reshape(B, q.shape[2], H))  # (B, T or queries, H)
 
 
 class TransformerLayer(nn.Module):
@@ -126,10 +162,12 @@ class TransformerLayer(nn.Module):
         self.ffn_in = nn.Linear(cfg.hidden, cfg.ffn)
         self.ffn_out = nn.Linear(cfg.ffn, cfg.hidden)
         self.ffn_norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        x = self.attention_norm(x + self.dropout(self.attention(x, bias)))
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None, queries: int | None = None) -> torch.Tensor:
+        """queries: compute the output at the first `queries` positions only (see SelfAttention)."""
+        residual = x if queries is None else x[:, :queries]
+        x = self.attention_norm(residual + self.dropout(self.attention(x, bias, queries)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
 
 
@@ -207,17 +245,21 @@ class Encoder(nn.Module):
         *,
         token_embeds: torch.Tensor | None = None,
         detach_after: Collection[int] = (),
+        last_layer_queries: int | None = None,
     ) -> list[torch.Tensor]:
         """Returns [embeddings, layer 1, ..., layer L] outputs, each (B, T, H).
 
         detach_after: layer numbers after which the next layer sees a stop-gradient copy
         (AMOS partitions its generator into blocks that learn only from their own MLM exit).
+        last_layer_queries: the last layer's output at the first positions only, (B, n, H): a sentence
+        head reads [CLS] alone, and the rest of the last layer (its queries, attention output, FFN) would be
+        computed for nothing. The same values as the full layer's first rows.
         """
         x = self.embeddings(input_ids, token_embeds)  # (B, T, H)
         bias = self.attention_bias(attention_mask, x.shape[1], x.device)
         hidden = [x]
         for number, layer in enumerate(self.layers, start=1):
-            x = layer(x, bias)
+            x = layer(x, bias, last_layer_queries if number == len(self.layers) else None)
             hidden.append(x)
             if number in detach_after:
                 x = x.detach()

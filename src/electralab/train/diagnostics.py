@@ -83,7 +83,7 @@ def attention_inputs(encoder: Encoder) -> Iterator[list[tuple[SelfAttention, tor
     """While open, every self-attention call of `encoder` is recorded as (module, input, additive bias)."""
     calls: list[tuple[SelfAttention, torch.Tensor, torch.Tensor | None]] = []
     hooks = [
-        layer.attention.register_forward_pre_hook(lambda module, args: calls.append((module, *args)))
+        layer.attention.register_forward_pre_hook(lambda module, args: calls.append((module, *args[:2])))
         for layer in encoder.layers
     ]
     try:
