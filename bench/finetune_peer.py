@@ -7,12 +7,12 @@ same model size, task, examples and batches.
 
 Both sides train one pass over the same `--examples` training examples of each task (a fixed random subset,
 tokenised with the vocabulary of `--vocab`, an exported encoder's or a vocab stage's directory), in the same
-batches of 32: the stage's own length-grouped batches (features.train_batches), each padded to its longest
-row. Ours is exactly finetune.trial's step (FinetuneModel on our Encoder, make_adamw); the peer is what a
-transformers user writes: ElectraForSequenceClassification(labels=...) and torch.optim.AdamW (fused, as the
-Trainer's default), forward, backward, step. Same shape for both (the tiny preset's main 4 x 128 by default, absolute positions for both, as
-the peer has no relative ones; dropout 0.1 in fine-tuning), randomly initialised: the weights do not change
-the speed. Each runs in fp32 and, where the CPU computes bf16 natively, under bf16 autocast; all variants
+batches of 32: the stage's own length-grouped batches (features.train_batches), each padded to its longest row.
+Ours is exactly finetune.trial's step (FinetuneModel on our Encoder, make_adamw); the peer is what a transformers
+user writes: ElectraForSequenceClassification(labels=...) and torch.optim.AdamW (fused, as the Trainer's default),
+forward, backward, step. Same shape for both (the tiny preset's main 4 x 128 by default, absolute positions for
+both, as the peer has no relative ones; dropout 0.1 in fine-tuning), randomly initialised: the weights do not
+change the speed. Each runs in fp32 and, where the CPU computes bf16 natively, under bf16 autocast; all variants
 interleaved, the best of `--repeat` passes each; the issue's comparison is each side's best mode (issue 12:
 ours >= 2x). One thread by default, as one trial of the stage runs. JSON -> bench/out/finetune_peer.json.
 """
