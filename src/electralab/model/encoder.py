@@ -1,6 +1,8 @@
 """The Transformer encoder every method shares: BERT-style post-LayerNorm layers, GELU FFN,
 absolute position embeddings and/or a T5 bucketed relative position bias, attention through
-`F.scaled_dot_product_attention` (fused kernels on CUDA; the bias rides along as an additive mask).
+`F.scaled_dot_product_attention` (fused kernels on CUDA; the bias rides along as an additive mask), written
+out in training on CPU so that its dropout uses `dropout`'s cheaper mask (SDPA's CPU path with dropout is the
+same math).
 
 The encoder returns every layer's output (AMOS reads exits at layers 4/6/8, TEAMS reads layer L-1).
 Token embeddings are one `nn.Embedding` passed in from outside so that the auxiliary and main
@@ -132,18 +134,19 @@ class SelfAttention(nn.Module):
         """(B, T, H) -> (B, T, H); with `queries`, only the first `queries` positions attend (every position is
         still a key and a value): (B, queries, H)."""
         B, T, H = x.shape
+        d = H // self.heads
         if queries is None:
-            q, k, v = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+            q, k, v = self.qkv(x).view(B, T, 3, self.heads, d).permute(2, 0, 3, 1, 4)
         else:  # the same weights, split: queries from the first positions, keys and values from all
             w, b = self.qkv.weight, self.qkv.bias
-            q = F.linear(x[:, :queries], w[:H], b[:H]).view(B, queries, self.heads, H // self.heads).transpose(1, 2)
-            k, v = F.linear(x, w[H:], b[H:]).view(B, T, 2, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+            q = F.linear(x[:, :queries], w[:H], b[:H]).view(B, queries, self.heads, d).transpose(1, 2)
+            k, v = F.linear(x, w[H:], b[H:]).view(B, T, 2, self.heads, d).permute(2, 0, 3, 1, 4)
             bias = bias[..., :queries, :] if bias is not None else None
         if bias is not None and bias.dtype != q.dtype:  # autocast: the mask must match q's dtype
             bias = bias.to(q.dtype)
         if self.training and self.dropout_p > 0 and q.device.type == "cpu":
             # SDPA with dropout on CPU is its math path with bernoulli_ masks: the same math, with `dropout`.
-            scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
+            scores = (q * d**-0.5) @ k.transpose(-1, -2)
             probs = (scores if bias is None else scores + bias).softmax(dim=-1)
             y = dropout(probs, self.dropout_p) @ v
         else:
