@@ -15,7 +15,7 @@ from electralab.config import SquadSettings, load_params
 from electralab.data.vocab import Tokenizer
 from electralab.errors import DataError
 from electralab.finetune import features as F
-from electralab.finetune.data import prepare
+from electralab.finetune.data import TaskData, prepare
 from electralab.finetune.metrics import squad_metrics
 from electralab.finetune.squad import decode, max_context, split_words, squad_windows, word_pieces
 from electralab.finetune.tasks import (
@@ -316,3 +316,11 @@ def test_a_zero_width_best_span_gives_the_best_non_empty_span_not_no_answer(voca
 def test_a_missing_squad_prediction_is_an_error_not_a_smaller_denominator():
     with pytest.raises(ValueError, match=r"SQuAD: 1 of 2 questions have no prediction \(first: q2\)"):
         squad_metrics({"q1": ("Rollo",), "q2": ("x",)}, {"q1": "rollo"})
+
+
+def test_a_trials_work_counts_trained_tokens_thrice_and_every_evaluation():
+    train = F.pack([[1, 2, 3], [1, 2, 3, 4, 5]], np.array([0, 1]))  # 8 tokens
+    dev = F.pack([[1, 2, 3, 4]], np.array([1]))  # 4 tokens, in each of MNLI's two dev splits
+    data = TaskData(TASKS["mnli"], train, [(split, dev) for split in TASKS["mnli"].eval_splits])
+    assert data.trial_work(epochs=3, evaluations=1) == 3 * 3 * 8 + 2 * 4
+    assert data.trial_work(epochs=3, evaluations=3) == 3 * 3 * 8 + 3 * 2 * 4

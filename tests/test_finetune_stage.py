@@ -343,6 +343,8 @@ def recording_trainable(record_dir: str, fail_always: str = "", fail_once: str =
         from electralab.finetune.tuning import trainable
 
         key = TrialSpec.from_dict(config["trial"]).key
+        with open(f"{record_dir}.order", "a") as order:  # the order trials start in
+            order.write(key + "\n")
         attempt = P(record_dir) / key.replace("/", "|")
         attempts = int(attempt.read_text()) + 1 if attempt.exists() else 1
         attempt.write_text(str(attempts))
@@ -393,6 +395,10 @@ def test_failed_trials_are_retried_and_an_interrupted_grid_resumes(tmp_path, mod
         )
     tried = attempts(first)
     assert tried[flaky] == 2 and tried[broken] == 2  # each retried once
+    # Longest first: RTE's trials (its longer pairs are the most tokens to train) start before MNLI's, which
+    # come first in the plan.
+    started = list(dict.fromkeys(Path(f"{first}.order").read_text().split()))
+    assert [key.split("/")[0] for key in started] == ["rte"] * 10 + ["mnli"] * 10
     assert len(tried) == 20 and sum(tried.values()) == 22  # phase 2 never started
     parents = search(mlflow_uri, "mlm", "finetune")
     assert sorted(parents["tags.task"]) == ["mnli", "rte"] and (parents["status"] == "FAILED").all()

@@ -36,6 +36,12 @@ class TaskData:
     sources: dict[str, str] = field(default_factory=dict)  # split name -> file or hub split
     fingerprint: str = ""  # of every token id and label
 
+    def trial_work(self, epochs: int, evaluations: int) -> int:
+        """What a trial of `epochs` with `evaluations` costs, in forward-pass tokens (a trained token costs
+        about three: forward and backward): the order of the stage's trials, longest first."""
+        evaluated = sum(int((e.encoded if isinstance(e, SquadWindows) else e).lengths.sum()) for _, e in self.evals)
+        return 3 * epochs * int(self.train.lengths.sum()) + evaluations * evaluated
+
 
 def subset(n: int, keep: int | None) -> np.ndarray:
     """The first `keep` of a fixed permutation of range(n), in their original order (all if None)."""

@@ -203,6 +203,10 @@ class GridRun:
             return [self.selections[Group(group.task)].best]
         return configurations(self.cfg.search_space(TASKS[group.task]))
 
+    def trial_work(self, spec: TrialSpec) -> int:
+        evaluations = spec.hparams.epochs if self.settings.eval_every_epoch else 1
+        return self.data[(spec.group.task, spec.group.label_fraction)].trial_work(spec.hparams.epochs, evaluations)
+
     def run_phase(self, groups: list[Group], phase: int, trainable_fn: Callable | None) -> None:
         """Every configuration x seed of `groups` (finished ones from the store), then each group's selection."""
         from electralab.finetune.tuning import run_trials  # imports Ray
@@ -234,6 +238,10 @@ class GridRun:
             else:
                 self.resumed += 1
                 record(spec, done)
+        # Longest first (LPT): the trials that finish last are short ones, so no worker idles while one long
+        # trial runs alone (in the group order, the five 10-epoch STS-B trials ended the grid, one of them
+        # alone for a minute).
+        todo.sort(key=self.trial_work, reverse=True)
         keys = {(s.group.task, s.group.label_fraction) for s in todo}
         errors = run_trials(
             todo,
