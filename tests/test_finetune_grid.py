@@ -16,7 +16,7 @@ from electralab.errors import ConfigError, DataError
 from electralab.finetune.grid import FINAL, Group, HParams, ResultStore, TrialSpec, configurations, select
 from electralab.finetune.protocol import plan, summarize
 from electralab.finetune.tasks import TASKS
-from electralab.io import fingerprint, write_json
+from electralab.io import fingerprint, source_digest, write_json
 from electralab.runs import resolve_run
 
 PARAMS = load_params(ROOT / "params.yaml")
@@ -100,6 +100,21 @@ def model_dir(tmp_path, fractions=(0.25, 0.5, 1.0)):
             {"fraction": f, "step": 1, "wall_hours": f, "device_hours": 2 * f},
         )
     return root
+
+
+def test_the_source_digest_changes_with_any_module_of_the_library(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    import electralab
+
+    package = tmp_path / "electralab"
+    shutil.copytree(Path(electralab.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = source_digest(package)
+    assert before == source_digest() == source_digest(package)  # the same sources, wherever they are
+    trial = package / "finetune" / "trial.py"
+    trial.write_text(trial.read_text() + "\n# an edit\n")
+    assert source_digest(package) != before
 
 
 def test_plan_adds_the_extras_of_the_runs_tables(tmp_path):

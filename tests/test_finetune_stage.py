@@ -327,6 +327,29 @@ def test_a_killed_grids_parent_is_resumed_or_closed_killed_not_left_running(tmp_
     assert {client.get_run(r).info.status for r in (same, replacement)} == {"RUNNING"}
 
 
+def test_a_grid_resumed_after_the_library_changed_starts_over(tmp_path, models, env, monkeypatch):
+    """Kept trial results carry the library's source digest: after a code change they are stale (the
+    ResultStore test shows a stale result is never reused)."""
+    from electralab.data.vocab import Tokenizer
+    from electralab.finetune import protocol
+
+    root = make_project(tmp_path, models, "mlm", tasks=["mnli", "rte"])
+    env(root)
+    params = load_params(root / "params.yaml")
+    run, cfg = resolve_run(params, "mlm"), params.active.finetune
+    the_plan = protocol.plan(run, cfg, models)
+    data = protocol.load_data(the_plan, cfg, Tokenizer(models / "encoder"), mirror_root())
+
+    def fingerprints() -> dict:
+        return protocol.GridRun(run, cfg, the_plan, data, tmp_path / "scratch", show_progress=False).fingerprints
+
+    before = fingerprints()
+    assert fingerprints() == before and len(before) == 3  # MNLI, RTE, MNLI on checkpoint 050
+    monkeypatch.setattr(protocol, "source_digest", lambda: "an edited library")
+    after = fingerprints()
+    assert after.keys() == before.keys() and all(after[g] != before[g] for g in before)
+
+
 # --------------------------------------------------------------------------------------------------
 # Retries, interruption, resume
 

@@ -91,6 +91,15 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def source_digest(package: Path = Path(__file__).parent) -> str:
+    """A short hash of the library's Python sources (every module under `package`, with its path): the code
+    a kept result was made with. Any edit changes it, comments included."""
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def fingerprint(*parts: Any) -> str:
     """A short hash of JSON-able values (settings, data hashes): a kept checkpoint or trial result whose
     fingerprint differs from the current one was made from other inputs and is stale."""

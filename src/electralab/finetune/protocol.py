@@ -41,7 +41,7 @@ from electralab.finetune.metrics import glue_average
 from electralab.finetune.tasks import TASKS, MissingSplit
 from electralab.finetune.track import FinetuneTracker
 from electralab.finetune.trial import TrialSettings
-from electralab.io import fingerprint, read_json, sha256_file
+from electralab.io import fingerprint, read_json, sha256_file, source_digest
 from electralab.runs import ResolvedRun
 from electralab.tables import in_efficiency_figure, in_few_shot_figure
 from electralab.tracking import finite
@@ -150,7 +150,9 @@ class GridRun:
         self.run, self.cfg, self.plan, self.data, self.scratch_dir = run, cfg, the_plan, data, scratch_dir
         self.settings = TrialSettings.of(cfg)
         weights = {ckpt: sha256_file(d / "weights.pt") for ckpt, d in the_plan.encoders.items()}
-        # What a finished trial depended on: a result with another fingerprint is stale.
+        # What a finished trial depended on: a result with another fingerprint is stale. The library's source
+        # is one input: a grid interrupted, then resumed after a code change, must not mix trials of both.
+        code = source_digest()
         self.fingerprints = {
             g: fingerprint(
                 g.key,
@@ -158,6 +160,7 @@ class GridRun:
                 data[(g.task, g.label_fraction)].fingerprint,
                 asdict(self.settings),
                 cfg.max_seq_len,
+                code,
             )
             for g in self.runnable
         }
