@@ -43,6 +43,7 @@ def settings_of_this_checkout(run: str) -> dict:
     """The trial's shape and settings from this checkout's params.yaml (the tiny preset's `run`)."""
     sys.path.insert(0, str(ROOT / "src"))
     from electralab.config import load_params
+    from electralab.finetune.grid import configurations
     from electralab.finetune.tasks import TASKS
     from electralab.finetune.trial import TrialSettings
     from electralab.runs import resolve_run
@@ -51,15 +52,8 @@ def settings_of_this_checkout(run: str) -> dict:
     finetune = params.active.finetune
     settings = dataclasses.asdict(TrialSettings.of(finetune))
     settings.pop("squad")  # no SQuAD at the tiny preset
-    grids = {}
-    for name in DEFAULT_TASKS:
-        space = finetune.search_space(TASKS[name])
-        grids[name] = {
-            "lr": space.lr[0],
-            "epochs": space.epochs[0],
-            "batch_size": space.batch_size[0],
-            "warmup": space.warmup[0],
-        }
+    # the task's first configuration (the tiny preset's grids have one)
+    grids = {name: dataclasses.asdict(configurations(finetune.search_space(TASKS[name]))[0]) for name in DEFAULT_TASKS}
     return {
         "encoder": dataclasses.asdict(resolve_run(params, run).model),
         "trial": settings,
@@ -121,20 +115,18 @@ def tokenised_tasks(args: argparse.Namespace, max_seq_len: int, path: Path) -> i
     and ships the arrays to its trials): `--examples` training and `--eval-examples` dev examples of each task,
     a fixed random subset. Returns the vocabulary's size."""
     import numpy as np
+    from finetune_throughput import task_sample  # imports this checkout's library: never in a side
 
     from electralab.data.vocab import Tokenizer
     from electralab.env import data_root
-    from electralab.finetune.features import encode_pairs
-    from electralab.finetune.tasks import TASKS, read_split
+    from electralab.finetune.tasks import TASKS
 
     tokenizer = Tokenizer(args.vocab)
     arrays = {}
     for name in args.tasks:
-        task = TASKS[name]
-        for split_name, n in [("train", args.examples)] + [(s.name, args.eval_examples) for s in task.eval_splits]:
-            split = read_split(task, split_name, data_root())
-            split = split.subset(np.sort(np.random.default_rng(0).permutation(len(split))[:n]))
-            encoded = encode_pairs(tokenizer, split.text_a, split.text_b, split.labels, max_seq_len)
+        splits = [("train", args.examples)] + [(s.name, args.eval_examples) for s in TASKS[name].eval_splits]
+        for split_name, n in splits:
+            encoded = task_sample(name, tokenizer, data_root(), n, max_seq_len, split_name)
             for field in ("ids", "offsets", "labels"):
                 arrays[f"{name}.{split_name}.{field}"] = getattr(encoded, field)
     np.savez(path, **arrays)

@@ -45,9 +45,11 @@ BATCH = 32
 VARIANTS = ("fixed512", "dynamic", "dynamic+grouped")
 
 
-def task_sample(name: str, tokenizer: Tokenizer, root: Path, examples: int, max_len: int) -> Encoded:
-    """A fixed random subset of `examples` training examples of a task, tokenised (at most `max_len` tokens)."""
-    split = read_split(TASKS[name], "train", root)
+def task_sample(
+    name: str, tokenizer: Tokenizer, root: Path, examples: int, max_len: int, split: str = "train"
+) -> Encoded:
+    """A fixed random subset of `examples` examples of a task's `split`, tokenised (at most `max_len` tokens)."""
+    split = read_split(TASKS[name], split, root)
     keep = np.sort(np.random.default_rng(0).permutation(len(split))[:examples])
     split = split.subset(keep)
     return encode_pairs(tokenizer, split.text_a, split.text_b, split.labels, max_len)
