@@ -10,6 +10,7 @@ import copy
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,18 @@ def stage_args(name: str, run: str | None = None) -> list[str]:
 
 
 def run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    """`args` in a process group of its own: past 300 s the whole group is killed, not only `dvc` (whose
+    stage, and that stage's Ray, would otherwise go on as orphans and slow every test after it)."""
+    proc = subprocess.Popen(
+        args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
 def set_param(project: Path, dotted: str, value) -> None:

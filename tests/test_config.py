@@ -75,6 +75,11 @@ def test_params_yaml_loads_every_preset():
         ),
         ("presets.tiny.pretrain.checkpoint_fractions", [0.5, 0.5], "checkpoint_fractions=[0.5, 0.5] repeats a value"),
         (
+            "presets.tiny.generators.teams",
+            {"layers": 2, "hidden": 64},
+            "presets.tiny.generators.teams: set only `layers`: TEAMS's generator shares the discriminator's",
+        ),
+        (
             "presets.tiny.finetune.task_epochs",
             {"sts": [10]},
             "presets.tiny.finetune.task_epochs: 'sts' is not a task; choose from",

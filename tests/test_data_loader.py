@@ -15,7 +15,7 @@ from electralab.batch import Batch
 from electralab.config import MaskingConfig
 from electralab.data.loader import PretrainLoader
 from electralab.data.masking import eligible_positions
-from electralab.errors import DataError
+from electralab.errors import ConfigError, DataError
 
 B = 64
 
@@ -123,6 +123,19 @@ def masked_share(batches, masking: MaskingConfig) -> float:
         eligible_positions(b.input_ids, b.attention_mask, masking.mask_special_tokens).sum().item() for b in batches
     )
     return selected / eligible
+
+
+def test_static_masks_refuse_a_run_that_masks_otherwise(static_shards_dir):
+    # The shards' masks were made with MaskingConfig() (RoBERTa: [CLS]/[SEP] too); TEAMS and ELECTRA mask
+    # otherwise, and must not train on masks they did not ask for.
+    teams = MaskingConfig(mask_special_tokens=False)
+    with pytest.raises(ConfigError, match=r"mask_special_tokens: True in the shards, False in the run") as error:
+        PretrainLoader(static_shards_dir, "train", B, seed=1, masking=teams)
+    assert str(static_shards_dir) in str(error.value) and "duplication: 0" in str(error.value)
+    electra = MaskingConfig(mask_token_prob=0.85, random_token_prob=0.0, mask_special_tokens=False)
+    with pytest.raises(ConfigError, match=r"mask_token_prob: 0\.8 in the shards, 0\.85 in the run"):
+        PretrainLoader(static_shards_dir, "validation", B, seed=1, masking=electra)
+    PretrainLoader(static_shards_dir, "train", B, seed=1, masking=MaskingConfig())  # the same masking: served
 
 
 def test_dynamic_and_static_masking_rates(shards_dir, static_shards_dir):

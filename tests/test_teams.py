@@ -317,15 +317,18 @@ def test_generator_is_half_deep_and_its_bottom_half_is_the_discriminators():
 @pytest.mark.parametrize(
     "settings,depth,shared",
     [
-        ({"tied_layers": 6}, 6, 6),  # Table 4 "Full Tie"
+        ({"tied_layers": "all"}, 6, 6),  # Table 4 "Full Tie"
+        ({"tied_layers": 6}, 6, 6),
         ({"tied_layers": 0}, 6, 0),  # Table 4 "No Tie"
         ({"generator_layers": 2}, 2, 1),  # Fig. 4: bottom half tied at every depth
         ({"generator_layers": 4}, 4, 2),
         ({"generator_layers": 8}, 8, 4),
         ({"generator_layers": 12}, 12, 6),
         ({"generator_layers": 12, "tied_layers": 12}, 12, 12),
+        # large_pp's generator is 12 deep: Full Tie is all 12 there, not base's 6 (params.yaml teams_full_tie).
+        ({"generator_layers": 12, "tied_layers": "all"}, 12, 12),
     ],
-    ids=["full_tie", "no_tie", "gen2", "gen4", "gen8", "gen12", "gen12_full_tie"],
+    ids=["full_tie", "tied_6", "no_tie", "gen2", "gen4", "gen8", "gen12", "gen12_tied_12", "gen12_full_tie"],
 )
 def test_tie_variants_and_generator_depths(settings, depth, shared):
     obj = build(**settings)
@@ -466,6 +469,7 @@ def test_exported_rtd_encoder_output_is_what_the_rtd_loss_used():
         ({"task_heads": "ffn", "export": "rtd"}, r"export='rtd'"),
         ({"mws_weight": 0}, r"mws_weight=0.*export='rtd'"),
         ({"generator_layers": 4, "tied_layers": 5}, r"methods\.teams\.tied_layers=5"),
+        ({"tied_layers": "half"}, r"methods\.teams\.tied_layers: 'half' is none of"),
         ({"candiates": 5}, r"methods\.teams.*'candiates'"),
     ],
 )
@@ -492,7 +496,7 @@ ROWS = {
     "ffn_heads": {"task_heads": "ffn"},  # Table 3
     "heads_on_12th": {"heads_on_top": True},  # Table 3
     "export_rtd": {"export": "rtd"},  # Table 3
-    "full_tie": {"tied_layers": 6},  # Table 4
+    "full_tie": {"tied_layers": "all"},  # Table 4
     "no_tie": {"tied_layers": 0},  # Table 4
     **{f"gen_layers_{n}": {"generator_layers": n} for n in (2, 4, 6, 8, 12)},  # Fig. 4
     "hardest": {"candidate_sampling": "hardest"},  # Fig. 5

@@ -228,12 +228,22 @@ def check_exits(exits: tuple[int, ...], layers: int | None, where: str) -> None:
 
 @dataclass(frozen=True)
 class GeneratorSizes:
-    """The auxiliary networks of each method at this scale."""
+    """The auxiliary networks of each method at this scale. Unset, a size is the main model's (TEAMS: half
+    its depth); every preset of params.yaml sets the paper's, which depends on the main model (ELECTRA: 1/3
+    width at base, 1/4 at large), so it has no default of its own. The papers' sizes:"""
 
     electra: GeneratorSize = field(default_factory=GeneratorSize)  # same depth, 1/3 (base) or 1/4 width
     cocolm: GeneratorSize = field(default_factory=GeneratorSize)  # 4 layers base, 6 large, full width
     amos: AmosGeneratorSize = field(default_factory=AmosGeneratorSize)  # 8 layers, full width
     teams: GeneratorSize = field(default_factory=GeneratorSize)  # 1/2 depth, full width
+
+    def check(self, where: str) -> None:
+        t = self.teams
+        if (t.hidden, t.heads, t.ffn) != (None, None, None):
+            raise ConfigError(
+                f"{where}.teams: set only `layers`: TEAMS's generator shares the discriminator's bottom layers "
+                f"(Sec. 3.2), so it is as wide as the main model (hidden={t.hidden}, heads={t.heads}, ffn={t.ffn})"
+            )
 
 
 # --------------------------------------------------------------------------------------------

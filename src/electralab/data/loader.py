@@ -16,7 +16,8 @@ micro_batch_size blocks remain for the rank; the next epoch starts with a new pe
 Masking: dynamic by default. A sample's mask comes from a generator seeded with (seed, epoch, its
 global position in the epoch's order), so it does not depend on batch size, rank count or where a run
 was resumed. When the shards hold static masks (shards.static_masking.duplication = N), epoch e uses
-copy e mod N and `masking` is not used.
+copy e mod N, which must have been made with `masking` (a run of another masking is refused, not silently
+trained on masks it did not ask for).
 
 Validation (`split="validation"`): one sequential pass per iteration (no shuffling, the last batch may be
 short), each rank every world_size-th block, masks as in epoch 0: the same batches every time.
@@ -34,12 +35,27 @@ import torch
 
 from electralab import PAD_ID
 from electralab.batch import Batch
-from electralab.config import MaskingConfig
+from electralab.config import MaskingConfig, to_dict
 from electralab.data.masking import derive_seed, mask_tokens
 from electralab.data.shards import read_shards_manifest, verify_shards
-from electralab.errors import DataError
+from electralab.errors import ConfigError, DataError
 
 _MASK_STREAM = 0x6D61736B  # "mask": keeps mask seeds apart from the order's (seed, epoch) stream
+
+
+def check_static_masking(shards_dir: Path, made_with: dict, masking: MaskingConfig) -> None:
+    """Static masks serve only a run that masks as they were made: the shards are shared by every run, and
+    the methods mask differently (TEAMS like BERT, never [CLS]/[SEP]; ELECTRA 85% [MASK], no random token)."""
+    wanted = to_dict(masking)
+    differ = [
+        f"{k}: {made_with.get(k)!r} in the shards, {v!r} in the run" for k, v in wanted.items() if made_with.get(k) != v
+    ]
+    if differ:
+        raise ConfigError(
+            f"{shards_dir} holds static masks made with shards.static_masking.masking, which this run's masking "
+            f"(its method's, or runs.<run>.settings.masking) does not match: {'; '.join(differ)}. Set the two "
+            f"alike, or mask dynamically (shards.static_masking.duplication: 0)"
+        )
 
 
 class PretrainLoader:
@@ -85,6 +101,8 @@ class PretrainLoader:
             for f in files
         ]  # [file][copy]
         self.static_copies = self.manifest["static_masking"]["duplication"]
+        if self.static_copies:
+            check_static_masking(self.shards_dir, self.manifest["static_masking"]["masking"], self.masking)
         self._offsets = np.cumsum([0] + [f["blocks"] for f in files])  # (files + 1,)
         self.num_blocks = int(self._offsets[-1])
         self.samples_per_rank = self.num_blocks // world_size

@@ -57,8 +57,9 @@ class Settings:
     masking: MaskingConfig = field(default_factory=_teams_masking)
     generator_layers: int | None = bounded(None, lo=1, hi=128)  # None: the preset's (1/2 depth); Fig. 4
     # Generator layers that are the discriminator's own bottom layers. None = half the generator's
-    # (TEAMS); 0 = Table 4 "No Tie"; = generator_layers: Table 4 "Full Tie".
-    tied_layers: int | None = bounded(None, lo=0, hi=128)
+    # (TEAMS); 0 = Table 4 "No Tie"; "all" = Table 4 "Full Tie", whatever the generator's depth (a number
+    # would fix it to one preset's: 6 of base's generator is half of large's 12).
+    tied_layers: int | Literal["all"] | None = bounded(None, lo=0, hi=128)
     candidates: int = bounded(5, lo=1, hi=10_000)  # K (Sec. 4.1; Fig. 5: 1, 3, 5, 10, 50)
     candidate_sampling: Literal["sampled", "hardest"] = "sampled"  # Fig. 5
     # "attention": a Transformer layer per task (TEAMS); "ffn": per-token feed-forward heads on the
@@ -84,7 +85,7 @@ class Settings:
             )
         if (
             self.generator_layers is not None
-            and self.tied_layers is not None
+            and isinstance(self.tied_layers, int)
             and self.tied_layers > self.generator_layers
         ):
             raise ConfigError(
@@ -113,7 +114,7 @@ class Teams(Objective):
         self.tokens = make_token_embedding(vocab_size, model.embedding, model.initializer_range)
         self.discriminator = Encoder(model, self.tokens)
         layers = s.generator_layers or generators.teams.layers or max(model.layers // 2, 1)
-        tied = layers // 2 if s.tied_layers is None else s.tied_layers
+        tied = {None: layers // 2, "all": layers}.get(s.tied_layers, s.tied_layers)
         if tied > min(layers, model.layers):
             raise ConfigError(
                 f"teams tied_layers={tied} exceeds the generator's {layers} or the "
