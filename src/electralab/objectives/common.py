@@ -126,9 +126,11 @@ def accuracy(pred: torch.Tensor, target: torch.Tensor, where: torch.Tensor | Non
 
 
 def replaced_prior(model: EncoderConfig, masking: MaskingConfig) -> float | None:
-    """The share of tokens a detector's "replaced" label has at initialisation (the masked share the
-    generator resamples: [MASK] and random positions), when the model asks for a base-rate bias
-    (model.detector_bias); None: the papers' zero bias."""
+    """The share of tokens a detector's "replaced" label starts near, when the model asks for a base-rate
+    bias (model.detector_bias); None: the papers' zero bias. It counts the selected positions whose input
+    hides the original token ([MASK] and random ones). The generator resamples the kept ones too, so at the
+    very first step the share can reach mask_prob (0.15 against 0.135 at 80/10/10): a starting point for the
+    bias, not the exact rate."""
     if model.detector_bias == "zero":
         return None
     return masking.mask_prob * (masking.mask_token_prob + masking.random_token_prob)
