@@ -14,7 +14,11 @@ forward, backward, step. Same shape for both (the tiny preset's main 4 x 128 by 
 both, as the peer has no relative ones; dropout 0.1 in fine-tuning), randomly initialised: the weights do not
 change the speed. Each runs in fp32 and, where the CPU computes bf16 natively, under bf16 autocast; all variants
 interleaved, the best of `--repeat` passes each; the issue's comparison is each side's best mode (issue 12:
-ours >= 2x). One thread by default, as one trial of the stage runs. JSON -> bench/out/finetune_peer.json.
+ours >= 2x). One thread by default, as one trial of the stage runs. Also reported, as bench/train_step.py does
+for pretraining: each side's executed FLOPs per pass (FlopCounterMode, counted eagerly: matmuls and attention,
+forward and backward), its GFLOP/s against the matmul peak measured in the same run at the same thread count
+(fp32, and bf16 under bf16 autocast), and its peak memory over a pass of every task (VmHWM of a child process
+of its own per side and precision). JSON -> bench/out/finetune_peer.json.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import dataclasses
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from finetune_throughput import task_sample  # noqa: E402
-from train_step import TINY_RUNS, shape  # noqa: E402
+from train_step import TINY_RUNS, peak_rss_mb, shape  # noqa: E402
 
 from electralab.config import EncoderConfig  # noqa: E402
 from electralab.data.vocab import Tokenizer  # noqa: E402
@@ -48,6 +53,7 @@ from electralab.finetune.model import FinetuneModel  # noqa: E402
 from electralab.finetune.tasks import TASKS  # noqa: E402
 from electralab.model.encoder import Encoder, make_token_embedding  # noqa: E402
 from electralab.train.common import autocast, make_adamw, resolve_precision  # noqa: E402
+from electralab.train.perf import count_flops, peak_flops  # noqa: E402
 
 BATCH = 32
 
@@ -95,6 +101,13 @@ def training_pass(impl, encoded, batches, precision: str) -> float:
     return time.perf_counter() - start
 
 
+def peak_memory(which: str, precision: str) -> float:
+    """Peak resident memory (MB) of one side training a pass over every task, in a fresh child process."""
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--memory-probe", which, precision]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -109,6 +122,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "finetune_peer.json"))
+    parser.add_argument("--memory-probe", nargs=2, metavar=("SIDE", "PRECISION"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -120,21 +134,41 @@ def main() -> None:
     except DataError as e:
         sys.exit(f"error: --vocab {args.vocab}: {e}")
     cfg = dataclasses.replace(shape(args.config, pretraining=False)[0], max_positions=512)
+    sides = {"electralab": Ours, "transformers": HuggingFace}
+    samples = {name: task_sample(name, tokenizer, root, args.examples, args.max_len) for name in args.tasks}
+
+    def batches_of(encoded):
+        return train_batches(encoded.lengths, BATCH, np.random.default_rng(0), group_by_length=True)
+
+    if args.memory_probe:  # a child process: one side, one precision, a pass over every task
+        which, precision = args.memory_probe
+        for name, encoded in samples.items():
+            training_pass(sides[which](cfg, tokenizer.vocab_size, TASKS[name]), encoded, batches_of(encoded), precision)
+        print(peak_rss_mb())
+        return
+
+    # Peak memory first, each in a child process, while this one holds no model yet.
+    memory = {(side, p): peak_memory(side, p) for side in sides for p in precisions}
+    peaks = {p: peak_flops(device, p) for p in precisions}  # at this process's thread count
     print(
         f"{args.config} ({cfg.layers} x {cfg.hidden}), vocab {tokenizer.vocab_size}; {args.threads} thread(s); "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; precisions {precisions}; "
-        f"load average {os.getloadavg()[0]:.2f}",
+        f"load average {os.getloadavg()[0]:.2f}; matmul peak GFLOP/s "
+        + ", ".join(f"{p} {v / 1e9:.1f}" for p, v in peaks.items())
+        + "; peak memory MB "
+        + ", ".join(f"{side} {p} {v:.0f}" for (side, p), v in memory.items()),
         flush=True,
     )
     results = []
-    for name in args.tasks:
+    for name, encoded in samples.items():
         task = TASKS[name]
-        encoded = task_sample(name, tokenizer, root, args.examples, args.max_len)
-        batches = train_batches(encoded.lengths, BATCH, np.random.default_rng(0), group_by_length=True)
+        batches = batches_of(encoded)
         torch.manual_seed(0)
-        impls = [Ours(cfg, tokenizer.vocab_size, task), HuggingFace(cfg, tokenizer.vocab_size, task)]
-        for impl in impls:  # warm-up: first-call allocations and kernel selection
-            for precision in precisions:
+        impls = [kind(cfg, tokenizer.vocab_size, task) for kind in sides.values()]
+        flops = {}  # executed FLOPs of one pass, counted eagerly (the same in every precision); also a warm-up
+        for impl in impls:
+            _, flops[impl.name] = count_flops(lambda impl=impl: training_pass(impl, encoded, batches, precisions[0]))
+            for precision in precisions:  # first-call allocations and kernel selection
                 impl.step(*encoded.batch(batches[0]), precision)
         best: dict[tuple[str, str], float] = {}
         for _ in range(args.repeat):
@@ -144,20 +178,36 @@ def main() -> None:
                     best[impl.name, precision] = max(best.get((impl.name, precision), 0.0), rate)
         top = {impl.name: max(precisions, key=lambda p, n=impl.name: best[n, p]) for impl in impls}
         ratio = best["electralab", top["electralab"]] / best["transformers", top["transformers"]]
+        # GFLOP/s of a side = its FLOPs per pass x passes per second; of the peak in that precision.
+        gflops = {(n, p): flops[n] * v / len(encoded) / 1e9 for (n, p), v in best.items()}
         row = {
             "task": name,
             "examples": len(encoded),
             "mean_tokens": round(float(encoded.lengths.mean()), 1),
             "examples_per_s": {f"{n} {p}": round(v, 1) for (n, p), v in best.items()},
+            "gflop_per_pass": {n: round(f / 1e9, 2) for n, f in flops.items()},
+            "gflops_per_s": {f"{n} {p}": round(v, 1) for (n, p), v in gflops.items()},
+            "of_peak": {f"{n} {p}": round(v * 1e9 / peaks[p], 3) for (n, p), v in gflops.items()},
             "best": top,
             "speedup_best": round(ratio, 2),
         }
         results.append(row)
-        rates = ", ".join(f"{k} {v}" for k, v in row["examples_per_s"].items())
-        print(f"{name}: {rates} examples/s; each at its best: {ratio:.2f}x", flush=True)
+        rates = ", ".join(
+            f"{k} {v} ({row['gflops_per_s'][k]} GFLOP/s, {row['of_peak'][k]:.0%} of the peak)"
+            for k, v in row["examples_per_s"].items()
+        )
+        work = ", ".join(f"{n} {v}" for n, v in row["gflop_per_pass"].items())
+        print(f"{name}: {rates} examples/s; GFLOP a pass {work}; each at its best: {ratio:.2f}x", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    summary = {"config": args.config, "threads": args.threads, "batch_size": BATCH, "results": results}
+    summary = {
+        "config": args.config,
+        "threads": args.threads,
+        "batch_size": BATCH,
+        "matmul_peak_gflops": {p: round(v / 1e9, 1) for p, v in peaks.items()},
+        "peak_memory_mb": {f"{side} {p}": round(v) for (side, p), v in memory.items()},
+        "results": results,
+    }
     out.write_text(json.dumps({**summary, "load_average_end": os.getloadavg()[0]}, indent=2) + "\n")
     print(f"-> {out}")
 
