@@ -387,6 +387,19 @@ def test_cpu_dropout_keeps_one_minus_p_scaled_and_follows_the_seed():
     assert dropout(odd, 0.1).shape == odd.shape and dropout(odd, 0.1).dtype == torch.bfloat16
 
 
+def test_cpu_dropout_mask_is_the_documented_function_of_the_draws():
+    """The mask for a generator state is fixed (a seed's results and a resumed run depend on it): element i is
+    kept where the low 15 bits of the i-th int16 half of the int32 draws reach round(p * 2^15)."""
+    x = torch.randn(5, 7, dtype=torch.bfloat16)  # 35 elements: 18 draws, the last half unused
+    torch.manual_seed(3)
+    y = dropout(x, 0.1)
+    torch.manual_seed(3)
+    bits = torch.empty(18, dtype=torch.int32).random_()
+    keep = (bits.view(torch.int16)[:35].view(5, 7) & 0x7FFF) >= 3277
+    assert keep.any() and not keep.all()
+    assert torch.equal(y, torch.where(keep, x * torch.tensor(1 / 0.9, dtype=torch.bfloat16), 0))
+
+
 def test_cpu_dropout_gradient_is_the_same_mask():
     x = torch.randn(64, 32, requires_grad=True)
     module = Dropout(0.3).train()

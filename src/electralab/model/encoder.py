@@ -64,8 +64,9 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     n = x.numel()
     bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_()  # uniform on [0, 2^31)
     halves = bits.view(torch.int16)[:n].view(x.shape) & 0x7FFF  # two uniform 15-bit numbers per draw
-    scale = (halves >= round(p * 32768)).to(x.dtype).mul_(1.0 / (1.0 - p))
-    return x * scale
+    # The comparison written straight into x's dtype: converting a bool mask took longer than the comparison itself.
+    keep = torch.ge(halves, round(p * 32768), out=torch.empty(x.shape, dtype=x.dtype))
+    return x * keep.mul_(1.0 / (1.0 - p))
 
 
 class Dropout(nn.Dropout):
