@@ -2,6 +2,8 @@
 
     ELECTRALAB_DATA=../shared/data PYTHONPATH=src python bench/precision.py
     # options: --run electra  --steps 300  --tasks stsb mrpc cola  --seeds 1 2 3 4 5  --out bench/out/precision
+    ELECTRALAB_DATA=../shared/data PYTHONPATH=src python bench/precision.py --encoder models/teams/encoder
+    # a pretrained run's encoder (dvc repro pretrain@teams) fine-tuned in both precisions, no pretraining
 
 Pretrains the active preset's `--run` for `--steps` steps twice from the same initial weights and
 batches, once with `precision: fp32` and once with `precision: bf16` (the loop of the `pretrain` stage;
@@ -9,7 +11,9 @@ shards of the preset built once from the offline mirror under `--out/data`), the
 exported encoders on `--tasks` with the preset's fine-tuning settings in the same precision. Reported:
 the two loss curves (every `log_every` steps) and their largest relative difference over the steps after
 the warm-up, the tokens/s of each, and per task the median and spread over the seeds of each, with the
-difference of the medians against the pooled spread. JSON and Markdown -> `--out`.
+difference of the medians against the pooled spread. JSON and Markdown -> `--out`. With `--encoder`, the
+pretraining is skipped: that one encoder (e.g. a full run of the preset, where the short runs above are
+still near chance on some tasks) is fine-tuned in both precisions, which isolates the fine-tuning's share.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +53,7 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", default=["stsb", "mrpc", "cola"])
     ap.add_argument("--seeds", nargs="+", type=int, default=None)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--encoder", type=Path, help="fine-tune this exported encoder in both precisions, no pretraining")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "precision")
     args = ap.parse_args()
 
@@ -61,15 +67,30 @@ def main() -> None:
     os.environ["MLFLOW_TRACKING_URI"] = uri
     params = load_params(ROOT / "params.yaml")
     seeds = args.seeds or list(params.active.finetune.seeds)
-    shards, vocab = build_data(args.out)
-    base = resolve_run(params, args.run)
     report: dict = {
-        "run": args.run,
-        "steps": args.steps,
+        "run": str(args.encoder) if args.encoder else args.run,
+        "steps": None if args.encoder else args.steps,
         "cpu_native_bf16": cpu_has_native_bf16(),
         "load_average_start": os.getloadavg()[0],
         "precisions": {},
     }
+    if args.encoder:
+        if not (args.encoder / "config.json").is_file():
+            sys.exit(f"--encoder {args.encoder}: no exported encoder (config.json) there")
+        for precision in ("fp32", "bf16"):
+            finetune_cfg = dataclasses.replace(params.active.finetune, precision=precision)
+            started = time.perf_counter()
+            finetuned = finetune_point(str(args.encoder.resolve()), args.tasks, seeds, args.workers, finetune_cfg)
+            report["precisions"][precision] = {"finetune": finetuned, "seconds": time.perf_counter() - started}
+        seconds = {k: v["seconds"] for k, v in report["precisions"].items()}
+        write_report(
+            args,
+            report,
+            f"{args.encoder} fine-tuned in fp32 ({seconds['fp32']:.0f} s) and bf16 ({seconds['bf16']:.0f} s)",
+        )
+        return
+    shards, vocab = build_data(args.out)
+    base = resolve_run(params, args.run)
     for precision in ("fp32", "bf16"):
         cfg = dataclasses.replace(
             base.pretrain,
@@ -104,20 +125,38 @@ def main() -> None:
     report["max_relative_loss_difference"] = max(
         abs(bf16["loss"][s] - fp32["loss"][s]) / fp32["loss"][s] for s in after
     )
+    heading = (
+        f"{args.run}, {args.steps} steps: tokens/s fp32 {fp32['tokens_per_s']:,.0f}, bf16 {bf16['tokens_per_s']:,.0f} "
+        f"({bf16['tokens_per_s'] / fp32['tokens_per_s']:.2f}x); largest relative loss difference after the warm-up "
+        f"{report['max_relative_loss_difference']:.2%}"
+    )
+    write_report(args, report, heading)
+
+
+def write_report(args, report: dict, heading: str) -> None:
+    """Per task: each precision's median and spread over the seeds, their difference, the pooled spread."""
+    fp32, bf16 = report["precisions"]["fp32"], report["precisions"]["bf16"]
     report["load_average_end"] = os.getloadavg()[0]
-    lines = ["| task | fp32 median ± std | bf16 median ± std | bf16 − fp32 | pooled std |", "|---|---|---|---|---|"]
+    # The seed fixes the head's initialisation, dropout and the batch order in both precisions, so the
+    # per-seed differences pair up (the last column): their mean and spread isolate the precision from
+    # the seeds' own spread.
+    lines = [
+        "| task | fp32 median ± std | bf16 median ± std | bf16 − fp32 | pooled std | paired bf16 − fp32 (mean ± std) |",
+        "|---|---|---|---|---|---|",
+    ]
     for task in args.tasks:
         a, b = fp32["finetune"][task], bf16["finetune"][task]
         pooled = (statistics.pvariance(a["seeds"].values()) / 2 + statistics.pvariance(b["seeds"].values()) / 2) ** 0.5
+        paired = [b["seeds"][seed] - a["seeds"][seed] for seed in a["seeds"]]
         lines.append(
             f"| {task} | {a['median']:.2f} ± {a['std']:.2f} | {b['median']:.2f} ± {b['std']:.2f} | "
-            f"{b['median'] - a['median']:+.2f} | {pooled:.2f} |"
+            f"{b['median'] - a['median']:+.2f} | {pooled:.2f} | {statistics.mean(paired):+.2f} ± "
+            f"{statistics.stdev(paired) if len(paired) > 1 else 0:.2f} |"
         )
     text = (
-        f"{args.run}, {args.steps} steps: tokens/s fp32 {fp32['tokens_per_s']:,.0f}, bf16 {bf16['tokens_per_s']:,.0f} "
-        f"({bf16['tokens_per_s'] / fp32['tokens_per_s']:.2f}x); largest relative loss difference after the warm-up "
-        f"{report['max_relative_loss_difference']:.2%}; load {report['load_average_start']:.1f}-"
-        f"{report['load_average_end']:.1f}\n\n" + "\n".join(lines) + "\n"
+        f"{heading}; load {report['load_average_start']:.1f}-{report['load_average_end']:.1f}\n\n"
+        + "\n".join(lines)
+        + "\n"
     )
     print(text)
     (args.out / "precision.md").write_text(text)
