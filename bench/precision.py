@@ -57,6 +57,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "precision")
     args = ap.parse_args()
 
+    if args.encoder and not (args.encoder / "config.json").is_file():
+        sys.exit(f"--encoder {args.encoder}: no exported encoder (config.json) there")  # before --out is made
+
     from electralab.config import load_params
     from electralab.runs import resolve_run
     from electralab.train.common import cpu_has_native_bf16
@@ -74,52 +77,42 @@ def main() -> None:
         "load_average_start": os.getloadavg()[0],
         "precisions": {},
     }
-    if args.encoder:
-        if not (args.encoder / "config.json").is_file():
-            sys.exit(f"--encoder {args.encoder}: no exported encoder (config.json) there")
-        for precision in ("fp32", "bf16"):
-            finetune_cfg = dataclasses.replace(params.active.finetune, precision=precision)
-            started = time.perf_counter()
-            finetuned = finetune_point(str(args.encoder.resolve()), args.tasks, seeds, args.workers, finetune_cfg)
-            report["precisions"][precision] = {"finetune": finetuned, "seconds": time.perf_counter() - started}
-        seconds = {k: v["seconds"] for k, v in report["precisions"].items()}
-        write_report(
-            args,
-            report,
-            f"{args.encoder} fine-tuned in fp32 ({seconds['fp32']:.0f} s) and bf16 ({seconds['bf16']:.0f} s)",
-        )
-        return
-    shards, vocab = build_data(args.out)
-    base = resolve_run(params, args.run)
+    if not args.encoder:
+        shards, vocab = build_data(args.out)
+        base = resolve_run(params, args.run)
     for precision in ("fp32", "bf16"):
-        cfg = dataclasses.replace(
-            base.pretrain,
-            steps=args.steps,
-            precision=precision,
-            checkpoint_fractions=(1.0,),
-            warmup_steps=min(base.pretrain.warmup_steps, args.steps // 10),
-        )
-        run = dataclasses.replace(base, name=f"{args.run}-{precision}", pretrain=cfg)
-        summary = pretrain(
-            run,
-            shards,
-            args.out / "models" / run.name,
-            args.out / "scratch" / run.name,
-            vocab_dir=vocab,
-            show_progress=False,
-        )
-        finetuned = finetune_point(
-            str(args.out / "models" / run.name / "encoder"),
-            args.tasks,
-            seeds,
-            args.workers,
-            dataclasses.replace(params.active.finetune, precision=precision),
-        )
-        report["precisions"][precision] = {
-            "tokens_per_s": summary["tokens_per_s"],
-            "loss": loss_curve(uri, run.name),
-            "finetune": finetuned,
-        }
+        entry: dict = {}
+        if args.encoder:
+            encoder = args.encoder.resolve()
+        else:
+            cfg = dataclasses.replace(
+                base.pretrain,
+                steps=args.steps,
+                precision=precision,
+                checkpoint_fractions=(1.0,),
+                warmup_steps=min(base.pretrain.warmup_steps, args.steps // 10),
+            )
+            run = dataclasses.replace(base, name=f"{args.run}-{precision}", pretrain=cfg)
+            summary = pretrain(
+                run,
+                shards,
+                args.out / "models" / run.name,
+                args.out / "scratch" / run.name,
+                vocab_dir=vocab,
+                show_progress=False,
+            )
+            encoder = args.out / "models" / run.name / "encoder"
+            entry = {"tokens_per_s": summary["tokens_per_s"], "loss": loss_curve(uri, run.name)}
+        started = time.perf_counter()
+        finetune_cfg = dataclasses.replace(params.active.finetune, precision=precision)
+        entry["finetune"] = finetune_point(str(encoder), args.tasks, seeds, args.workers, finetune_cfg)
+        entry["finetune_seconds"] = time.perf_counter() - started
+        report["precisions"][precision] = entry
+    if args.encoder:
+        seconds = {k: v["finetune_seconds"] for k, v in report["precisions"].items()}
+        heading = f"{args.encoder} fine-tuned in fp32 ({seconds['fp32']:.0f} s) and bf16 ({seconds['bf16']:.0f} s)"
+        write_report(args, report, heading)
+        return
     fp32, bf16 = report["precisions"]["fp32"], report["precisions"]["bf16"]
     after = [s for s in fp32["loss"] if s > cfg.warmup_steps and s in bf16["loss"]]
     report["max_relative_loss_difference"] = max(
