@@ -63,38 +63,79 @@ def main() -> None:
     if bad:
         ap.error(f"--set {bad[0]!r}: give KEY=VALUE, e.g. pretrain.lr=1e-4")
 
-    from signal_sweep import build_data, finetune_point
+    from signal_sweep import finetune_point
+
+    from electralab.errors import ConfigError
+
+    try:
+        result = trace(args.run, args.set, args.steps, args.every, args.out)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    columns = [k for k in SHOWN if any(k in row for row in result["trace"].values())]
+    print("| step | " + " | ".join(SHOWN[k] for k in columns) + " | guard |\n|" + "---|" * (len(columns) + 2))
+    for step, row in result["trace"].items():
+        values = " | ".join(f"{row.get(k, float('nan')):.3f}" for k in columns)
+        print(f"| {step} | {values} | {'fails' if step in result['guard_fails'] else ''} |")
+    print(f"{result['minutes']:.1f} min, load {os.getloadavg()[0]:.1f}; {result['error'] or 'finished'}")
+    stopped, after = result["guard_stops_at"], result["guard_after"]
+    print(
+        f"the guard (after {after:.0%} of the steps) would have stopped it at step {stopped}"
+        if stopped is not None
+        else f"the guard (after {after:.0%} of the steps) passes it"
+    )
+    if args.finetune and not result["error"]:  # the sweep's protocol (bench/signal_sweep.py, finetune_point)
+        scores = finetune_point(result["encoder"], args.finetune, args.seeds, workers=2, cfg=result["finetune_cfg"])
+        for task, got in scores.items():
+            seeds = ", ".join(f"{v:.1f}" for v in got["seeds"].values())
+            print(f"{task} {got['metric']}: median {got['median']:.1f} (seeds {seeds})")
+
+
+def trace(
+    run_name: str,
+    sets: list[str],
+    steps: int,
+    every: int,
+    out: Path,
+    *,
+    data: tuple[Path, Path] | None = None,
+    name: str | None = None,
+    stop=None,
+) -> dict:
+    """Pretrain the active preset's run `run_name` with `sets` (KEY=VALUE) for `steps` steps, the guard
+    measuring every `every` steps without stopping it. Returns the trace ({step: diagnostics}), where the
+    budget's guard would have stopped it, the error (a diverged run still has its trace), the encoder's
+    directory, the minutes and the resolved fine-tuning settings. `data`: (shards, vocab) already built
+    (else the preset's, built once under bench/out/signal_sweep); `stop`: the loop's pause callback.
+    A ConfigError names a bad --set before any training."""
+    from signal_sweep import build_data
 
     from electralab.config import MAIN_BUDGET, deep_merge, load_params, parse_params
-    from electralab.errors import ConfigError
+    from electralab.runlog import read_runs
     from electralab.runs import check_run, resolve_run
     from electralab.train.diagnostics import collapse, guard_active
     from electralab.train.loop import pretrain
 
     params = load_params(ROOT / "params.yaml")
     raw, preset = params.raw, params.raw["presets"][params.preset]
-    try:
-        check_run(args.run, raw["runs"])
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
-    spec = raw["runs"][args.run]
+    check_run(run_name, raw["runs"])
+    spec = raw["runs"][run_name]
     budget = spec.get("budget", MAIN_BUDGET)
-    if budget in (preset.get("budgets") or {}):  # the run's own scale, so that --steps and --set apply to it
+    if budget in (preset.get("budgets") or {}):  # the run's own scale, so that steps and sets apply to it
         for part, delta in preset["budgets"].pop(budget).items():
             preset[part] = deep_merge(preset[part], delta or {})
         spec["budget"] = MAIN_BUDGET
     cfg = parse_params(raw).active.pretrain
     overrides = {
-        "steps": args.steps,
-        "warmup_steps": round(cfg.warmup_steps * args.steps / cfg.steps),
-        "checkpoint_every": args.steps,
+        "steps": steps,
+        "warmup_steps": round(cfg.warmup_steps * steps / cfg.steps),
+        "checkpoint_every": steps,
         "checkpoint_fractions": [1.0],
-        "log_every": args.every,
-        "guard": {"every": args.every},
+        "log_every": every,
+        "guard": {"every": every},
     }
     preset["pretrain"] = deep_merge(preset["pretrain"], overrides)
     vocab_sets = {}  # vocab.<key>: the data is built again with that vocabulary (beside the preset's own)
-    for item in args.set:
+    for item in sets:
         key, _, value = item.partition("=")
         *path, last = key.split(".")
         if path == ["vocab"]:
@@ -104,55 +145,46 @@ def main() -> None:
         for part in path:
             node = node.setdefault(part, {})
         node[last] = yaml.safe_load(value)
-    try:  # a --set value out of range or of the wrong type: named by its key, before any training
-        resolved = parse_params(raw)
-        run = resolve_run(resolved, args.run)
-        shards, vocab = build_data(ROOT / "bench" / "out" / "signal_sweep", vocab_sets)
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
-    name = f"trace-{args.run}-{time.strftime('%Y%m%d-%H%M%S')}"
-    guard = dataclasses.replace(run.pretrain.guard, enabled=True)  # the preset's (and --set's): its verdict below
+    resolved = parse_params(raw)  # a value out of range or of the wrong type: named by its key
+    run = resolve_run(resolved, run_name)
+    if data is not None and vocab_sets:
+        raise ValueError("trace: vocab.<key> builds its own data; give data=None")
+    shards, vocab = data or build_data(ROOT / "bench" / "out" / "signal_sweep", vocab_sets)
+    name = name or f"trace-{run_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    guard = dataclasses.replace(run.pretrain.guard, enabled=True)  # the preset's (and the sets'): its verdict
     unstopped = dataclasses.replace(run.pretrain, guard=dataclasses.replace(guard, enabled=False))  # it measures
     run = dataclasses.replace(run, name=name, pretrain=unstopped)
     os.environ.setdefault("ELECTRALAB_TRACKING", "file")
-    os.environ["ELECTRALAB_RUNLOG"] = str(args.out / "runlog" / name)
-    print(f"{name}: {' '.join(args.set) or 'the preset as it is'}; load {os.getloadavg()[0]:.1f}", flush=True)
-    began, error = time.perf_counter(), None
+    os.environ["ELECTRALAB_RUNLOG"] = str(out / "runlog" / name)
+    print(f"{name}: {' '.join(sets) or 'the preset as it is'}; load {os.getloadavg()[0]:.1f}", flush=True)
+    began, error, paused = time.perf_counter(), None, False
     try:
-        pretrain(
-            run, shards, args.out / "models" / name, args.out / "scratch" / name, vocab_dir=vocab, show_progress=False
+        summary = pretrain(
+            run, shards, out / "models" / name, out / "scratch" / name, vocab_dir=vocab, show_progress=False, stop=stop
         )
+        paused = bool(summary.get("paused"))
     except Exception as e:  # a failed run (a diverged loss) still has its trace
         error = f"{type(e).__name__}: {e}"
-    from electralab.runlog import read_runs
-
     (logged,) = read_runs(Path(os.environ["ELECTRALAB_RUNLOG"]))
     at: dict[int, dict[str, float]] = {}  # step -> every held-out diagnostic
     for key, value, _, step in logged.metrics:
         if key.startswith("heldout_"):
             at.setdefault(step, {})[key.removeprefix("heldout_")] = value
-    stopped = None
-    columns = [k for k in SHOWN if any(k in row for row in at.values())]
-    print("| step | " + " | ".join(SHOWN[k] for k in columns) + " | guard |\n|" + "---|" * (len(columns) + 2))
-    for step in sorted(at):
-        judged = guard_active(step, args.steps, run.pretrain.warmup_steps, guard)
-        problem = collapse(at[step], guard) if judged else None
-        if problem and stopped is None:
-            stopped = step
-        values = " | ".join(f"{at[step].get(k, float('nan')):.3f}" for k in columns)
-        print(f"| {step} | {values} | {'fails' if problem else ''} |")
-    print(f"{(time.perf_counter() - began) / 60:.1f} min, load {os.getloadavg()[0]:.1f}; {error or 'finished'}")
-    print(
-        f"the guard (after {guard.after:.0%} of the steps) would have stopped it at step {stopped}"
-        if stopped is not None
-        else f"the guard (after {guard.after:.0%} of the steps) passes it"
-    )
-    if args.finetune and not error:  # the sweep's protocol (bench/signal_sweep.py, finetune_point)
-        encoder = str(args.out / "models" / name / "encoder")
-        scores = finetune_point(encoder, args.finetune, args.seeds, workers=2, cfg=resolved.active.finetune)
-        for task, got in scores.items():
-            seeds = ", ".join(f"{v:.1f}" for v in got["seeds"].values())
-            print(f"{task} {got['metric']}: median {got['median']:.1f} (seeds {seeds})")
+    fails = [
+        s for s in sorted(at) if guard_active(s, steps, run.pretrain.warmup_steps, guard) and collapse(at[s], guard)
+    ]
+    return {
+        "name": name,
+        "trace": {s: at[s] for s in sorted(at)},
+        "guard_fails": fails,
+        "guard_stops_at": fails[0] if fails else None,
+        "guard_after": guard.after,
+        "error": error,
+        "paused": paused,
+        "minutes": (time.perf_counter() - began) / 60,
+        "encoder": str(out / "models" / name / "encoder"),
+        "finetune_cfg": resolved.active.finetune,
+    }
 
 
 if __name__ == "__main__":

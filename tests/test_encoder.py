@@ -183,6 +183,71 @@ def test_transformer_layer_is_post_layernorm():
     assert not torch.allclose(layer(x, bias), pre, atol=1e-2)
 
 
+def test_pre_layernorm_layer_normalises_each_sublayers_input_and_keeps_the_raw_residual():
+    torch.manual_seed(0)
+    cfg = tiny_model(hidden=8, heads=2, ffn=16, norm="pre")
+    layer = TransformerLayer(cfg).eval()
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    x = torch.randn(2, 5, 8) * 3  # a residual stream far from unit scale: pre-LN leaves it so
+    bias = torch.randn(1, 2, 5, 5)
+    erf_gelu = lambda t: 0.5 * t * (1 + torch.erf(t / math.sqrt(2)))
+    h = x + manual_attention(layer_norm(x, layer.attention_norm), layer.attention, bias)
+    u = layer_norm(h, layer.ffn_norm)
+    want = h + erf_gelu(u @ layer.ffn_in.weight.T + layer.ffn_in.bias) @ layer.ffn_out.weight.T + layer.ffn_out.bias
+    torch.testing.assert_close(layer(x, bias), want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(layer(x, bias), manual_layer(x, layer, bias), atol=1e-2)  # not the post-LN one
+
+
+def test_pre_layernorm_encoder_returns_every_layer_through_its_final_norm():
+    enc = jitter(build(tiny_model(layers=3, norm="pre")))
+    ids, mask = torch.randint(5, VOCAB, (2, 9)), torch.ones(2, 9, dtype=torch.bool)
+    hidden = enc(ids, mask)
+    bias = enc.attention_bias(mask, 9, torch.device("cpu"))
+    x = hidden[0]
+    for i, layer in enumerate(enc.layers, start=1):
+        x = layer(x, bias)  # the raw stream: each layer reads the last one's un-normalised output
+        torch.testing.assert_close(hidden[i], layer_norm(x, enc.final_norm))
+    raw = enc(ids, mask, raw=True)
+    for h, r in zip(hidden[1:], raw[1:]):
+        torch.testing.assert_close(h, layer_norm(r, enc.final_norm))
+    extra = jitter(TransformerLayer(enc.cfg).eval(), seed=3)
+    torch.testing.assert_close(enc.run_layer(extra, raw[2], mask), layer_norm(extra(raw[2], bias), enc.final_norm))
+    # a view over the same parts shares the final norm, so the exported branch computes what trained
+    view = Encoder.from_parts(enc.cfg, enc.embeddings, enc.relative_bias, [*enc.layers[:2], extra], enc.final_norm)
+    assert view.final_norm is enc.final_norm
+    torch.testing.assert_close(view(ids, mask)[-1], enc.run_layer(extra, raw[2], mask))
+    assert build(tiny_model()).final_norm is None  # post-LN: every layer ends in its own norm
+
+
+def test_qk_norm_normalises_each_heads_queries_and_keys():
+    torch.manual_seed(0)
+    cfg = tiny_model(hidden=8, heads=2, qk_norm=True, attention_dropout=0.0)
+    attn = jitter(SelfAttention(cfg).eval())
+    x, bias = torch.randn(2, 5, 8), torch.randn(1, 2, 5, 5)
+    W, b, d = attn.qkv.weight, attn.qkv.bias, 4
+    q, k, v = (x @ W[i * 8 : (i + 1) * 8].T + b[i * 8 : (i + 1) * 8] for i in range(3))
+    heads = []
+    for h in range(2):
+        sl = slice(h * d, (h + 1) * d)
+        qh, kh = layer_norm(q[..., sl], attn.q_norm), layer_norm(k[..., sl], attn.k_norm)
+        heads.append(torch.softmax(qh @ kh.transpose(-1, -2) / math.sqrt(d) + bias[:, h], -1) @ v[..., sl])
+    want = torch.cat(heads, -1) @ attn.out.weight.T + attn.out.bias
+    torch.testing.assert_close(attn(x, bias), want, atol=1e-5, rtol=1e-5)
+    assert SelfAttention(tiny_model()).q_norm is None
+
+
+def test_depth_scaled_init_shrinks_only_the_residual_projections():
+    cfg = tiny_model(hidden=64, ffn=256, layers=8, residual_init="depth_scaled")
+    enc, plain = build(cfg), build(tiny_model(hidden=64, ffn=256, layers=8))
+    want = cfg.initializer_range / math.sqrt(2 * 8)
+    for layer, ref in zip(enc.layers, plain.layers):
+        assert float(layer.attention.out.weight.std()) == pytest.approx(want, rel=0.1)
+        assert float(layer.ffn_out.weight.std()) == pytest.approx(want, rel=0.1)
+        assert float(layer.ffn_in.weight.std()) == pytest.approx(cfg.initializer_range, rel=0.1)
+        assert float(ref.ffn_out.weight.std()) == pytest.approx(cfg.initializer_range, rel=0.1)
+
+
 # --------------------------------------------------------------------------------------------
 # The encoder
 # --------------------------------------------------------------------------------------------

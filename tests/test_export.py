@@ -16,6 +16,7 @@ from conftest import VOCAB, mirror_root
 
 from electralab.config import EncoderConfig
 from electralab.data.vocab import Tokenizer
+from electralab.errors import ConfigError
 from electralab.export import load_encoder, save_encoder, save_huggingface
 from electralab.finetune.features import encode_pairs
 from electralab.finetune.tasks import TASKS, MissingSplit, read_split
@@ -147,3 +148,14 @@ def test_automodel_and_autotokenizer_give_our_encoders_outputs(name, vocab_dir, 
             assert (type(model).__name__ == "ElectralabModel") == remote and isinstance(model, ElectraModel)
             got = model(**batch).last_hidden_state
             assert torch.allclose(got[mask], expected[mask], atol=1e-5), (attention, (got - expected)[mask].abs().max())
+
+
+@pytest.mark.parametrize("change", [{"norm": "pre"}, {"qk_norm": True}])
+def test_the_transformers_export_refuses_what_electras_layers_cannot_hold_and_writes_nothing(change, tmp_path):
+    cfg = EncoderConfig(hidden=32, layers=2, heads=2, ffn=64, embedding=32, max_positions=64, **change)
+    encoder = Encoder(cfg, make_token_embedding(50, 32))
+    with pytest.raises(ConfigError, match=f"{next(iter(change))}=") as error:
+        save_huggingface(encoder, tmp_path / "hf")
+    assert str(tmp_path / "hf") in str(error.value) and not (tmp_path / "hf").exists()
+    save_encoder(encoder, tmp_path / "ours")  # our own format holds it, and loads it back
+    torch.testing.assert_close(load_encoder(tmp_path / "ours").state_dict(), encoder.state_dict())

@@ -4,6 +4,7 @@ original", the ELECTRA total and its weight sharing, masking settings, training 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -13,8 +14,8 @@ from helpers import VOCAB, jitter, make_batch, tiny_generators, tiny_model, trai
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from electralab.config import load_params
-from electralab.model.encoder import count_parameters
+from electralab.config import AmosGeneratorSize, GeneratorSize, load_params
+from electralab.model.encoder import Encoder, count_parameters
 from electralab.objectives import build_objective, method_settings
 from electralab.objectives.common import sample
 from electralab.objectives.electra import Electra
@@ -302,6 +303,28 @@ def test_a_few_adamw_steps_lower_the_loss_and_same_seed_same_numbers(method):
     assert all(b < a for a, b in zip(first, first[1:])), first  # every step lowers it
     assert train_losses(build, batch, steps=6) == first  # bit-identical on a fresh build
     assert train_losses(build, batch, steps=6, seed=1) != first  # and the seed matters
+
+
+@pytest.mark.parametrize("method", ["mlm", "electra", "cocolm", "amos", "teams"])
+@pytest.mark.parametrize("model", [{"norm": "pre"}, {"qk_norm": True, "residual_init": "depth_scaled"}])
+def test_every_method_trains_with_the_dead_phase_candidates(method, model):
+    # The encoder parameters of bench/dead_phase.py apply to every method alike: main and auxiliary networks
+    # are built with them and a few steps lower the loss.
+    settings = method_settings(method, {})
+    cfg = tiny_model(layers=4, **model)
+    sizes = dataclasses.replace(
+        tiny_generators(),
+        amos=AmosGeneratorSize(layers=3, exits=(1, 2, 3)),
+        cocolm=GeneratorSize(layers=2),
+        teams=GeneratorSize(layers=2),
+    )
+    build = lambda: build_objective(method, settings, cfg, sizes, VOCAB)
+    losses = train_losses(build, make_batch(), steps=4)
+    assert losses[-1] < losses[0], losses
+    torch.manual_seed(0)
+    objective = build()
+    encoders = [m for m in objective.modules() if isinstance(m, Encoder)]
+    assert encoders and all(e.cfg.norm == cfg.norm and e.cfg.qk_norm == cfg.qk_norm for e in encoders)
 
 
 @pytest.mark.parametrize(

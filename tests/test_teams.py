@@ -429,18 +429,20 @@ def test_exported_encoder_is_the_fine_tuned_branch(settings, layers, task):
     torch.testing.assert_close(enc(batch.input_ids, batch.attention_mask)[-1], h_rtd if task == "rtd" else h_mws)
 
 
-def test_exported_encoder_output_is_what_the_mws_loss_used():
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_exported_encoder_output_is_what_the_mws_loss_used(norm):
     for settings in ({}, {"heads_on_top": True}):
-        obj = jitter(build(**settings)).eval()
+        obj = jitter(build(model=tiny_model(norm=norm), **settings)).eval()
         batch = make_batch()
         out, replaced, candidates = run(obj, batch)
         h = obj.main_encoder()(replaced, batch.attention_mask)[-1][batch.mlm_mask]
         torch.testing.assert_close(out.metrics["mws_loss"], mws_loss(h, candidates, obj), atol=1e-5, rtol=1e-5)
 
 
-def test_exported_rtd_encoder_output_is_what_the_rtd_loss_used():
-    for settings in ({"export": "rtd"}, {"mws_weight": 0, "export": "rtd"}):
-        obj = jitter(build(**settings)).eval()
+@pytest.mark.parametrize("norm", ["post", "pre"])  # pre-LN: the task layers read the raw stream, as the export
+def test_exported_rtd_encoder_output_is_what_the_rtd_loss_used(norm):
+    for settings in ({"export": "rtd"}, {"heads_on_top": True, "export": "rtd"}, {"mws_weight": 0, "export": "rtd"}):
+        obj = jitter(build(model=tiny_model(norm=norm), **settings)).eval()
         batch = make_batch(pad_last=2)
         out, replaced, _ = run(obj, batch)
         mask = batch.attention_mask

@@ -183,6 +183,17 @@ class EncoderConfig:
     # and its first, largest gradients (x50 in ELECTRA/COCO-LM/AMOS) do not push every token's vector toward
     # one constant: at the tiny preset that push collapsed ELECTRA's encoder (docs/training.md).
     detector_bias: Literal["zero", "base_rate"] = "zero"
+    # Candidates against the small-budget "dead phase" (docs/findings.md; bench/dead_phase.py measures them).
+    # The papers' encoders are post-LN with BERT's init and plain attention logits: the defaults.
+    # norm "pre": x + Attn(LN(x)), x + FFN(LN(x)), every returned layer state through one final LayerNorm
+    # (Xiong et al. 2020; what lets cramming's small budget take a high learning rate).
+    norm: Literal["post", "pre"] = "post"
+    # qk_norm: LayerNorm on each head's queries and keys before the dot product (Dehghani et al. 2023):
+    # the attention logits cannot grow or stay flat through the scale of q and k alone.
+    qk_norm: bool = False
+    # residual_init "depth_scaled": the attention output and FFN output projections at std / sqrt(2 x layers)
+    # (GPT-2, Radford et al. 2019, Sec. 2.3), so each layer starts as a small change to its input.
+    residual_init: Literal["uniform", "depth_scaled"] = "uniform"
 
     def check(self, where: str) -> None:
         if self.hidden % self.heads:

@@ -168,6 +168,13 @@ def save_huggingface(
 ) -> None:
     """Write a transformers model directory (see the module docstring): config, weights, the remote code for a
     relative-position encoder, the tokenizer files when `vocab_dir` is given, and `card` as README.md."""
+    cfg = encoder.cfg
+    if cfg.norm != "post" or cfg.qk_norm:  # before anything is written: no partial export
+        raise ConfigError(
+            f"{directory}: the transformers export holds post-LN encoders without QK-norm (ELECTRA's layers); "
+            f"this one has norm={cfg.norm!r}, qk_norm={cfg.qk_norm}. Its encoder/ directory loads with "
+            f"electralab.export.load_encoder"
+        )
     with atomic_dir(directory) as tmp:
         write_json(tmp / "config.json", huggingface_config(encoder))
         torch.save(huggingface_state_dict(encoder), tmp / "pytorch_model.bin")

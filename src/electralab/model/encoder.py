@@ -1,4 +1,5 @@
-"""The Transformer encoder every method shares: BERT-style post-LayerNorm layers, GELU FFN,
+"""The Transformer encoder every method shares: BERT-style post-LayerNorm layers (pre-LayerNorm with
+`norm: pre`), GELU FFN,
 absolute position embeddings and/or a T5 bucketed relative position bias, attention through
 `F.scaled_dot_product_attention` (fused kernels on CUDA; the bias rides along as an additive mask), written
 out in training on CPU so that its dropout uses `dropout`'s cheaper mask (SDPA's CPU path with dropout is the
@@ -130,6 +131,10 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)  # one matmul for q, k, v
         self.out = nn.Linear(cfg.hidden, cfg.hidden)
         self.dropout_p = cfg.attention_dropout
+        d = cfg.hidden // cfg.heads
+        # qk_norm: one LayerNorm over each head's query (and key) vector, shared by the heads
+        self.q_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None, queries: int | None = None) -> torch.Tensor:
         """(B, T, H) -> (B, T, H); with `queries`, only the first `queries` positions attend (every position is
@@ -143,6 +148,8 @@ class SelfAttention(nn.Module):
             q = F.linear(x[:, :queries], w[:H], b[:H]).view(B, queries, self.heads, d).transpose(1, 2)
             k, v = F.linear(x, w[H:], b[H:]).view(B, T, 2, self.heads, d).permute(2, 0, 3, 1, 4)
             bias = bias[..., :queries, :] if bias is not None else None
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if bias is not None and bias.dtype != q.dtype:  # autocast: the mask must match q's dtype
             bias = bias.to(q.dtype)
         if self.training and self.dropout_p > 0 and q.device.type == "cpu":
@@ -157,10 +164,12 @@ class SelfAttention(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """Post-LayerNorm (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+    """Post-LayerNorm (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x)).
+    Pre-LayerNorm (`norm: pre`): x = x + Attn(LN(x)); x = x + FFN(LN(x)); the Encoder normalises what it returns."""
 
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
+        self.pre_norm = cfg.norm == "pre"
         self.attention = SelfAttention(cfg)
         self.attention_norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
         self.ffn_in = nn.Linear(cfg.hidden, cfg.ffn)
@@ -171,15 +180,32 @@ class TransformerLayer(nn.Module):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None, queries: int | None = None) -> torch.Tensor:
         """queries: compute the output at the first `queries` positions only (see SelfAttention)."""
         residual = x if queries is None else x[:, :queries]
+        if self.pre_norm:
+            x = residual + self.dropout(self.attention(self.attention_norm(x), bias, queries))
+            return x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(x)))))
         x = self.attention_norm(residual + self.dropout(self.attention(x, bias, queries)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
+
+
+def init_layer(layer: TransformerLayer, cfg: EncoderConfig) -> None:
+    """BERT's initialisation; with `residual_init: depth_scaled` the two projections that write into the
+    residual stream at std / sqrt(2 x layers) (GPT-2)."""
+    init_weights(layer, cfg.initializer_range)
+    if cfg.residual_init == "depth_scaled":
+        std = cfg.initializer_range / math.sqrt(2 * cfg.layers)
+        nn.init.normal_(layer.attention.out.weight, std=std)
+        nn.init.normal_(layer.ffn_out.weight, std=std)
 
 
 class Encoder(nn.Module):
     """A stack of TransformerLayers over shared token embeddings.
 
-    `embeddings`, `relative_bias` and `shared_layers` let another encoder's modules be reused
+    `embeddings`, `relative_bias`, `shared_layers` and `final_norm` let another encoder's modules be reused
     as the same Parameters (TEAMS ties its generator's bottom layers to the discriminator's).
+
+    Pre-LN (`norm: pre`): each layer reads and writes the raw residual stream, and every state the encoder
+    returns (the outputs of layers 1..L, and of `run_layer`) goes through one final LayerNorm, so AMOS's
+    exits, TEAMS's task layers and every head read normalised states as they do post-LN.
     """
 
     def __init__(
@@ -190,6 +216,7 @@ class Encoder(nn.Module):
         embeddings: Embeddings | None = None,
         relative_bias: RelativePositionBias | None = None,
         shared_layers: Sequence[TransformerLayer] = (),
+        final_norm: nn.LayerNorm | None = None,
     ):
         super().__init__()
         self.cfg = cfg
@@ -208,8 +235,11 @@ class Encoder(nn.Module):
         self.relative_bias = relative_bias if cfg.relative_positions else None
         new_layers = [TransformerLayer(cfg) for _ in range(own)]
         for layer in new_layers:
-            init_weights(layer, cfg.initializer_range)
+            init_layer(layer, cfg)
         self.layers = nn.ModuleList([*shared_layers, *new_layers])
+        if final_norm is None and cfg.norm == "pre":
+            final_norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        self.final_norm = final_norm if cfg.norm == "pre" else None
 
     @classmethod
     def from_parts(
@@ -218,6 +248,7 @@ class Encoder(nn.Module):
         embeddings: Embeddings,
         relative_bias: RelativePositionBias | None,
         layers: Sequence[TransformerLayer],
+        final_norm: nn.LayerNorm | None = None,
     ) -> "Encoder":
         """An encoder view over existing modules (same Parameters): TEAMS exports its MWS branch so."""
         return cls(
@@ -226,6 +257,7 @@ class Encoder(nn.Module):
             embeddings=embeddings,
             relative_bias=relative_bias,
             shared_layers=layers,
+            final_norm=final_norm,
         )
 
     def attention_bias(
@@ -250,6 +282,7 @@ class Encoder(nn.Module):
         token_embeds: torch.Tensor | None = None,
         detach_after: Collection[int] = (),
         last_layer_queries: int | None = None,
+        raw: bool = False,
     ) -> list[torch.Tensor]:
         """Returns [embeddings, layer 1, ..., layer L] outputs, each (B, T, H).
 
@@ -258,20 +291,28 @@ class Encoder(nn.Module):
         last_layer_queries: the last layer's output at the first positions only, (B, n, H): a sentence
         head reads [CLS] alone, and the rest of the last layer (its queries, attention output, FFN) would be
         computed for nothing. The same values as the full layer's first rows.
+        raw: pre-LN, the residual stream itself (before the final norm), what a layer stacked on top reads
+        (TEAMS's task layers, through `run_layer`); post-LN it is the same list.
         """
         x = self.embeddings(input_ids, token_embeds)  # (B, T, H)
         bias = self.attention_bias(attention_mask, x.shape[1], x.device)
         hidden = [x]
         for number, layer in enumerate(self.layers, start=1):
             x = layer(x, bias, last_layer_queries if number == len(self.layers) else None)
-            hidden.append(x)
+            hidden.append(x if raw else self.normalize(x))
             if number in detach_after:
                 x = x.detach()
         return hidden
 
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """A raw state as the encoder returns it: through the final norm (pre-LN), unchanged (post-LN)."""
+        return x if self.final_norm is None else self.final_norm(x)
+
     def run_layer(self, layer: TransformerLayer, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """Apply an extra layer (a TEAMS task head) with this encoder's attention bias."""
-        return layer(x, self.attention_bias(attention_mask, x.shape[1], x.device))
+        """Apply an extra layer (a TEAMS task head) to a raw state (forward(raw=True)) with this encoder's
+        attention bias; its output as the encoder returns a layer's, so a view ending in it (from_parts)
+        computes the same."""
+        return self.normalize(layer(x, self.attention_bias(attention_mask, x.shape[1], x.device)))
 
 
 def set_dropout(module: nn.Module, p: float) -> None:

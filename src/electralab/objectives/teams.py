@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from electralab.batch import Batch
 from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes, MaskingConfig, bounded
 from electralab.errors import ConfigError
-from electralab.model.encoder import Encoder, TransformerLayer, init_weights, make_token_embedding
+from electralab.model.encoder import Encoder, TransformerLayer, init_layer, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (
     MaskedLM,
@@ -168,18 +168,19 @@ class Teams(Objective):
     @staticmethod
     def _layer(model: EncoderConfig) -> TransformerLayer:
         layer = TransformerLayer(model)
-        init_weights(layer, model.initializer_range)
+        init_layer(layer, model)
         return layer
 
-    def task_states(self, hidden: list[torch.Tensor], mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h_RTD, h_MWS), each (B, T, H), from the discriminator's layer outputs."""
+    def task_states(self, raw: list[torch.Tensor], mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h_RTD, h_MWS), each (B, T, H), from the discriminator's raw layer states (forward(raw=True): the
+        same as its outputs post-LN), so that the exported branch (main_encoder) computes the same."""
         d = self.discriminator
         on_top = self.settings.heads_on_top
-        h_rtd = h_mws = hidden[-1]
+        h_rtd = h_mws = d.normalize(raw[-1])
         if self.rtd_layer is not None:
-            h_rtd = d.run_layer(self.rtd_layer, hidden[-1] if on_top else hidden[-2], mask)
+            h_rtd = d.run_layer(self.rtd_layer, raw[-1] if on_top else raw[-2], mask)
         if self.mws_layer is not None:
-            h_mws = d.run_layer(self.mws_layer, hidden[-1], mask)
+            h_mws = d.run_layer(self.mws_layer, raw[-1], mask)
         return h_rtd, h_mws
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
@@ -188,8 +189,8 @@ class Teams(Objective):
         gen_logits = self.generator(batch)  # (M, V)
         gen_loss = mlm_loss(gen_logits, targets)
         replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(gen_logits))
-        hidden = self.discriminator(replaced, batch.attention_mask)
-        h_rtd, h_mws = self.task_states(hidden, batch.attention_mask)
+        raw = self.discriminator(replaced, batch.attention_mask, raw=True)
+        h_rtd, h_mws = self.task_states(raw, batch.attention_mask)
         loss = s.mlm_weight * gen_loss
         metrics = {"gen_loss": gen_loss.detach(), "gen_acc": accuracy(gen_logits.argmax(-1), targets)}
 
@@ -211,7 +212,7 @@ class Teams(Objective):
     def detect(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
         if self.settings.rtd_weight <= 0:  # the MWS-only ablation has no RTD head
             return None
-        h_rtd, _ = self.task_states(self.discriminator(ids, attention_mask), attention_mask)
+        h_rtd, _ = self.task_states(self.discriminator(ids, attention_mask, raw=True), attention_mask)
         return self.rtd_head(h_rtd)
 
     def main_encoder(self) -> Encoder:
@@ -220,4 +221,4 @@ class Teams(Objective):
         if task_layer is None:  # the exported branch is the main stack itself
             return d
         below = d.layers if s.heads_on_top else d.layers[:-1]  # the RTD layer reads layer L-1
-        return Encoder.from_parts(self.model_cfg, d.embeddings, d.relative_bias, [*below, task_layer])
+        return Encoder.from_parts(self.model_cfg, d.embeddings, d.relative_bias, [*below, task_layer], d.final_norm)

@@ -1,0 +1,327 @@
+"""The dead-phase sweep: which change ends the detector's dead phase early, measured (docs/findings.md).
+
+At the tiny preset every ELECTRA-family detector sits at its base rate for the first 3,000-4,500 of 8,000
+steps. This sweep pretrains the preset's run of a method with each candidate (a named list of --set
+overrides of bench/heldout_trace.py, applied alike to every method), the collapse guard measuring every
+`--every` steps, and records where the detector leaves the base rate: the first check at which its gain
+over the base rate (RTD, or COCO-LM's copy head) reaches the guard's 0.02.
+
+    # every candidate on ELECTRA, one at a time (CPU), then the table
+    ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py run --methods electra
+    .venv/bin/python bench/dead_phase.py table
+    # a few candidates on every method, four at a time on one GPU, stopping cleanly after 8 minutes
+    python3 bench/dead_phase.py run --methods electra cocolm amos teams --candidates base pre_ln \\
+        --set pretrain.use_gpu=true --parallel 4 --minutes 8 --data <dir with shards/ and vocab/>
+    # the encoders of finished points, fine-tuned as bench/signal_sweep.py does (STS-B, MRPC, CoLA, 5 seeds)
+    ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py finetune electra-pre_ln-s1
+
+Each point (method, candidate, seed) is one process and one file, `--out/points/<method>-<candidate>-s<seed>.json`
+(the trace, where the detector left the base rate, the machine, precision, load and commit); a point with a
+file is done, so `run` resumes where it stopped. A point stopped by `--minutes` keeps its partial trace
+(`"paused": true`) and runs again from its start on the next `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+OUT = ROOT / "bench" / "out" / "dead_phase"
+STEPS = 8000  # the tiny preset's main-row budget
+LEFT = 0.02  # the guard's min_base_rate_gain: the detector has left the base rate
+
+
+def warmup(fraction: float):
+    return lambda steps: [f"pretrain.warmup_steps={max(1, round(fraction * steps))}"]
+
+
+# name -> the sets it applies, as a function of the steps (warm-ups are fractions of the budget). Each is a
+# parameter of the library, documented in docs/configuration.md; the base is the preset as it is.
+CANDIDATES = {
+    "base": lambda steps: [],
+    "pre_ln": lambda steps: ["model.norm=pre"],
+    "qk_norm": lambda steps: ["model.qk_norm=true"],
+    "pre_ln_qk_norm": lambda steps: ["model.norm=pre", "model.qk_norm=true"],
+    "depth_scaled_init": lambda steps: ["model.residual_init=depth_scaled"],
+    "pre_ln_lr2e-3": lambda steps: ["model.norm=pre", "pretrain.lr=2e-3"],
+    "pre_ln_lr3e-3": lambda steps: ["model.norm=pre", "pretrain.lr=3e-3"],
+    "lr3e-3": lambda steps: ["pretrain.lr=3e-3"],
+    "warmup_2pct": warmup(0.02),
+    "warmup_30pct": warmup(0.30),
+    "pre_ln_warmup_2pct": lambda steps: ["model.norm=pre", *warmup(0.02)(steps)],
+    "beta2_0.999": lambda steps: ["pretrain.adam_betas=[0.9, 0.999]"],
+    "no_relative_bias": lambda steps: ["model.relative_positions=false"],
+    "layers_2": lambda steps: ["model.layers=2"],
+    "detector_bias_zero": lambda steps: ["model.detector_bias=zero"],
+    "init_0.01": lambda steps: ["model.initializer_range=0.01"],
+    # Tokens or steps? Every earlier trace used 32 x 128 tokens a step, so the two were one measure.
+    **{
+        f"batch_{b}": (lambda b: lambda steps: [f"pretrain.batch_size={b}", f"pretrain.micro_batch_size={b}"])(b)
+        for b in (8, 16, 64, 128)
+    },
+}
+DETECTOR_GAINS = ("rtd_base_rate_gain", "copy_base_rate_gain")  # whichever the method's detector reports
+
+
+def point_name(method: str, candidate: str, seed: int) -> str:
+    return f"{method}-{candidate}-s{seed}"
+
+
+def detector_gains(trace: dict) -> list[tuple[int, float]]:
+    """(step, the detector's gain over its base rate) at every check after initialisation."""
+    rows = sorted((int(step), row) for step, row in trace.items())
+    gains = [(step, next((row[k] for k in DETECTOR_GAINS if k in row), None)) for step, row in rows]
+    return [(step, g) for step, g in gains if step > 0 and g is not None]
+
+
+def left_at(trace: dict) -> int | None:
+    """The first check from which on the detector's gain stays at LEFT or above: where it left the base rate
+    for good. (A young detector can gain early from a shortcut that fades once the generator learns the
+    words' frequencies; the first check at LEFT is `first_at`.)"""
+    gains = detector_gains(trace)
+    for i, (step, _) in enumerate(gains):
+        if all(g >= LEFT for _, g in gains[i:]):
+            return step
+    return None
+
+
+def first_at(trace: dict) -> int | None:
+    return next((step for step, g in detector_gains(trace) if g >= LEFT), None)
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True)
+        return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "") if head.returncode == 0 else "?"
+    except OSError:  # no git on the machine
+        return "?"
+
+
+def run_point(args) -> None:
+    """One point in this process: the trace, written to its file (atomically) unless it failed to start."""
+    import torch
+    from heldout_trace import trace
+
+    from electralab.errors import ConfigError
+    from electralab.io import write_json
+    from electralab.train.common import resolve_precision
+
+    torch.set_num_threads(args.threads)
+    sets = [*CANDIDATES[args.candidate](args.steps), *args.set, f"pretrain.seed={args.seed}"]
+    deadline = float(os.environ.get("DEAD_PHASE_DEADLINE", "inf"))
+    taken = [0]  # the loop asks `stop` once after every step: --stop-at counts them
+
+    def stop() -> bool:
+        taken[0] += 1
+        return time.time() >= deadline or (args.stop_at is not None and taken[0] >= args.stop_at)
+
+    data = (args.data / "shards", args.data / "vocab") if args.data else None
+    name = point_name(args.method, args.candidate, args.seed)
+    load = os.getloadavg()[0]
+    try:
+        result = trace(
+            args.method,
+            sets,
+            args.steps,
+            args.every,
+            args.out / "work",
+            data=data,
+            name=name,
+            stop=stop,
+        )
+    except ConfigError as e:
+        sys.exit(f"error: {name}: {e}")
+    gpu = any(s.replace(" ", "") == "pretrain.use_gpu=true" for s in sets)
+    device = torch.device("cuda" if gpu else "cpu")
+    record = {
+        "method": args.method,
+        "candidate": args.candidate,
+        "seed": args.seed,
+        "sets": sets,
+        "steps": args.steps,
+        "every": args.every,
+        "left_at": left_at(result["trace"]),
+        "first_at": first_at(result["trace"]),
+        "stop_at": args.stop_at,
+        "stopped_at": taken[0],
+        "trace": result["trace"],
+        "guard_stops_at": result["guard_stops_at"],
+        "error": result["error"],
+        "paused": result["paused"],
+        "minutes": result["minutes"],
+        "encoder": result["encoder"],
+        "device": torch.cuda.get_device_name() if gpu else platform.processor() or platform.machine(),
+        "precision": resolve_precision("auto", device),
+        "threads": args.threads,
+        "load_at_start": load,
+        "commit": args.commit or commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    write_json(args.out / "points" / f"{name}.json", record)
+    print(f"{name}: left the base rate at step {record['left_at']}; {result['minutes']:.1f} min", flush=True)
+
+
+def load_points(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / "points").glob("*.json"))]
+
+
+def run(args) -> None:
+    wanted = [(m, c, s) for c in args.candidates for m in args.methods for s in args.seeds]
+    wanted += [(*item.split("/", 1), s) for item in args.points for s in args.seeds]  # after the cross product
+    bad = [item for item in args.points if "/" not in item]
+    if bad:
+        sys.exit(f"error: --points {bad[0]!r}: give METHOD/CANDIDATE, e.g. cocolm/pre_ln")
+    unknown = sorted({c for _, c, _ in wanted} - set(CANDIDATES))
+    if unknown:
+        sys.exit(f"error: unknown candidate(s) {unknown}; choose from {sorted(CANDIDATES)}")
+    done = {  # a point paused by the clock runs again; one stopped by its --stop-at is done
+        point_name(p["method"], p["candidate"], p["seed"])
+        for p in load_points(args.out)
+        if not p.get("paused") or (p.get("stop_at") and p["stopped_at"] >= p["stop_at"])
+    }
+    todo = [w for w in wanted if point_name(*w) not in done]
+    print(f"{len(wanted) - len(todo)} of {len(wanted)} points done; {len(todo)} to run, {args.parallel} at a time")
+    env = dict(os.environ)
+    if args.minutes:
+        env["DEAD_PHASE_DEADLINE"] = str(time.time() + 60 * args.minutes)
+    threads = max(1, (os.cpu_count() or 1) // args.parallel)
+    running: list[subprocess.Popen] = []
+    started: dict[str, subprocess.Popen] = {}
+    base = [sys.executable, __file__, "--out", str(args.out), "point", "--steps", str(args.steps)]
+    base += ["--every", str(args.every), "--threads", str(threads), "--commit", commit()]
+    base += ["--data", str(args.data)] if args.data else []
+    base += ["--stop-at", str(args.stop_at)] if args.stop_at else []
+    for item in args.set:
+        base += ["--set", item]
+    for method, candidate, seed in todo:
+        while len(running) >= args.parallel:
+            running = [p for p in running if p.poll() is None]
+            time.sleep(1)
+        if args.minutes and time.time() >= float(env["DEAD_PHASE_DEADLINE"]) - 60:
+            print("the time is up: the rest stay for the next run")
+            break
+        cmd = [*base, "--method", method, "--candidate", candidate, "--seed", str(seed)]
+        running.append(subprocess.Popen(cmd, env=env))
+        started[point_name(method, candidate, seed)] = running[-1]
+    for p in running:
+        p.wait()
+    table(args)
+    failed = [name for name, p in started.items() if p.returncode != 0]
+    if failed:
+        sys.exit(f"error: {len(failed)} point(s) failed before their trace: {', '.join(failed)} (their output above)")
+
+
+def table(args) -> None:
+    points = load_points(args.out)
+    print(
+        "| method | candidate | seed | left the base rate for good at step | of the budget | first at 0.02 | "
+        "gain at the last check | attention entropy there | minutes | device, precision |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for p in sorted(points, key=lambda p: (p["method"], p["left_at"] or 1e9, p["candidate"], p["seed"])):
+        last = p["trace"][max(p["trace"], key=int)] if p["trace"] else {}
+        gain = next((last[k] for k in DETECTOR_GAINS if k in last), float("nan"))
+        left = p["left_at"]
+        reached = max(map(int, p["trace"]), default=0)
+        share = f"{left / p['steps']:.0%}" if left else f"not by step {reached}"
+        state = (
+            f" (stopped at {p.get('stopped_at', reached)})"
+            if p.get("paused")
+            else f" ({p['error'][:40]})"
+            if p.get("error")
+            else ""
+        )
+        print(
+            f"| {p['method']} | {p['candidate']}{state} | {p['seed']} | {left or '-'} | {share} | "
+            f"{p.get('first_at') or '-'} | {gain:.3f} | "
+            f"{last.get('attention_entropy', float('nan')):.3f} | {p['minutes']:.1f} | "
+            f"{p['device']}, {p['precision']} |"
+        )
+
+
+def finetune(args) -> None:
+    from signal_sweep import SIGNAL_TASKS, finetune_point
+
+    from electralab.config import load_params
+    from electralab.io import write_json
+
+    cfg = load_params(ROOT / "params.yaml").active.finetune
+    for name in args.points:
+        path = args.out / "points" / f"{name}.json"
+        point = json.loads(path.read_text())
+        encoder = args.encoder or point["encoder"]
+        started = time.perf_counter()
+        scores = finetune_point(encoder, list(SIGNAL_TASKS), args.seeds, workers=2, cfg=cfg)
+        point["finetune"] = scores
+        point["finetune_minutes"] = (time.perf_counter() - started) / 60
+        point["finetune_load"] = os.getloadavg()[0]
+        write_json(path, point)
+        medians = {t: round(s["median"], 1) for t, s in scores.items()}
+        print(f"{name}: {medians}, signal {sum(medians.values()) / len(medians):.1f}")
+
+
+def pack(args) -> None:
+    """What comes back from a machine without this checkout: every point in one archive, and the encoders of
+    the `--best` finished points that left the base rate earliest (the base's first), one archive each."""
+    import tarfile
+
+    args.to.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(args.to / "points.tar.gz", "w:gz") as tar:
+        tar.add(args.out / "points", arcname="points")
+    points = [p for p in load_points(args.out) if not p.get("paused") and not p.get("error")]
+    ranked = sorted(points, key=lambda p: (p["candidate"] != "base", p["left_at"] or 1e9))
+    for p in ranked[: args.best]:
+        name = point_name(p["method"], p["candidate"], p["seed"])
+        with tarfile.open(args.to / f"{name}.tar", "w") as tar:
+            tar.add(p["encoder"], arcname=f"{name}/encoder")
+        print(f"packed {name} (left at {p['left_at']})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=OUT)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run the points not yet done")
+    r.add_argument("--methods", nargs="+", default=["electra"])
+    r.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
+    r.add_argument("--points", nargs="+", default=[], metavar="METHOD/CANDIDATE", help="more points, run after")
+    r.add_argument("--seeds", nargs="+", type=int, default=[1])
+    r.add_argument("--parallel", type=int, default=1, help="points at a time (one process each)")
+    r.add_argument("--minutes", type=float, help="stop every point cleanly after this many minutes")
+    for p in (r, sub.add_parser("point", help="one point in this process (what run starts)")):
+        p.add_argument("--steps", type=int, default=STEPS)
+        p.add_argument("--every", type=int, default=250, help="steps between held-out checks")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every point")
+        p.add_argument("--data", type=Path, help="a folder with shards/ and vocab/ (default: the preset's, built)")
+        p.add_argument("--stop-at", type=int, help="stop after this many steps (the schedule stays the --steps one)")
+    pt = sub._name_parser_map["point"]
+    pt.add_argument("--method", required=True)
+    pt.add_argument("--candidate", required=True, choices=sorted(CANDIDATES))
+    pt.add_argument("--seed", type=int, default=1)
+    pt.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    pt.add_argument("--commit")
+    sub.add_parser("table", help="the table of the points done")
+    pk = sub.add_parser("pack", help="the points and the best encoders into --to (what a GPU machine returns)")
+    pk.add_argument("--to", type=Path, required=True)
+    pk.add_argument("--best", type=int, default=6)
+    f = sub.add_parser("finetune", help="fine-tune finished points' encoders (STS-B, MRPC, CoLA)")
+    f.add_argument("points", nargs="+", help="point names, e.g. electra-pre_ln-s1")
+    f.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
+    f.add_argument("--encoder", type=Path, help="the encoder's directory, where it is not the point's own")
+    args = ap.parse_args()
+    {"run": run, "point": run_point, "table": table, "finetune": finetune, "pack": pack}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""bench/dead_phase.py, the dead-phase sweep: where a trace says the detector left its base rate, and one point
+run end to end at the smallest size (resumable: a point with a file is not run again)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import dead_phase  # noqa: E402
+
+
+def gains(*values, key="rtd_base_rate_gain"):
+    return {str(250 * i): {key: v} for i, v in enumerate(values)}
+
+
+def test_left_for_good_is_after_the_last_dip_and_first_is_the_shortcut():
+    trace = gains(-0.01, 0.05, 0.01, 0.006, 0.03, 0.04, 0.09)  # an early shortcut that fades, then the real exit
+    assert dead_phase.first_at(trace) == 250
+    assert dead_phase.left_at(trace) == 1000
+    assert dead_phase.left_at(gains(0.0, 0.01, 0.03, 0.01)) is None  # it fell back at the last check
+    assert dead_phase.left_at(gains(0.5)) is None  # the check at initialisation never counts
+    copy = gains(0.0, 0.001, 0.02, key="copy_base_rate_gain")  # COCO-LM's detector is its copy head
+    assert dead_phase.left_at(copy) == dead_phase.first_at(copy) == 500
+    assert dead_phase.left_at({"250": {"mlm_acc": 0.3}}) is None  # MLM has no detector
+
+
+def test_every_candidate_is_a_list_of_sets_and_warmups_follow_the_budget():
+    for name, sets in dead_phase.CANDIDATES.items():
+        assert all("=" in item for item in sets(8000)), name
+    assert dead_phase.CANDIDATES["warmup_2pct"](8000) == ["pretrain.warmup_steps=160"]
+    assert dead_phase.CANDIDATES["warmup_2pct"](1000) == ["pretrain.warmup_steps=20"]
+    assert dead_phase.CANDIDATES["batch_8"](8000) == ["pretrain.batch_size=8", "pretrain.micro_batch_size=8"]
+
+
+def sweep(*args, out: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "dead_phase.py"), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
+
+
+def test_unknown_candidates_and_points_are_named_before_anything_runs(tmp_path):
+    bad = sweep("run", "--candidates", "pre_ln", "nope", out=tmp_path)
+    assert bad.returncode != 0 and "nope" in bad.stderr and not (tmp_path / "points").exists()
+    bad = sweep("run", "--candidates", "base", "--points", "electra-pre_ln", out=tmp_path)
+    assert bad.returncode != 0 and "electra-pre_ln" in bad.stderr and "METHOD/CANDIDATE" in bad.stderr
+
+
+@pytest.mark.slow
+def test_a_point_runs_records_its_trace_and_is_not_run_again(tmp_path, shards_dir, vocab_dir):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "shards").symlink_to(shards_dir)
+    (data / "vocab").symlink_to(vocab_dir)
+    small = ["--set", "model={hidden: 16, layers: 2, heads: 1, ffn: 32, embedding: 16}"]
+    small += ["--set", "generators.electra={hidden: 16, heads: 1, ffn: 32}", "--set", "pretrain.micro_batch_size=4"]
+    small += ["--set", "pretrain.batch_size=4"]
+    args = ["run", "--candidates", "pre_ln", "--steps", "6", "--every", "3", "--data", str(data), *small]
+    first = sweep(*args, out=tmp_path / "sweep")
+    assert first.returncode == 0, first.stderr[-2000:]
+    point = json.loads((tmp_path / "sweep" / "points" / "electra-pre_ln-s1.json").read_text())
+    assert point["sets"][:1] == ["model.norm=pre"] and point["steps"] == 6 and not point["paused"]
+    assert sorted(map(int, point["trace"])) == [0, 3, 6] and "rtd_base_rate_gain" in point["trace"]["6"]
+    assert point["precision"] in ("fp32", "bf16") and point["commit"]
+    assert "| electra | pre_ln | 1 |" in first.stdout
+    again = sweep(*args, out=tmp_path / "sweep")
+    assert again.returncode == 0 and "1 of 1 points done; 0 to run" in again.stdout
