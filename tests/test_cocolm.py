@@ -99,9 +99,15 @@ def sigmoid64(z: torch.Tensor) -> torch.Tensor:
 
 
 def copy_prob(model: CocoLM, hidden: torch.Tensor) -> torch.Tensor:
-    """p_copy(1|h) = sigmoid(w_copy^T h + b) from the head's parameters (not its forward)."""
-    w, b = model.copy_head.net.weight.detach().double(), model.copy_head.net.bias.detach().double()
-    return sigmoid64(hidden.double() @ w[0] + b[0])
+    """p_copy(1|h) = sigmoid(w_copy^T h + b) from the head's parameters (not its forward); the MLP head
+    (copy_head: mlp) is dense -> GELU -> dense."""
+    net, h = model.copy_head.net, hidden.double()
+    if isinstance(net, nn.Sequential):
+        first, _, net = net
+        h = h @ first.weight.detach().double().T + first.bias.detach().double()
+        h = 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))
+    w, b = net.weight.detach().double(), net.bias.detach().double()
+    return sigmoid64(h @ w[0] + b[0])
 
 
 def clm_vocab_prob(model: CocoLM, hidden: torch.Tensor) -> torch.Tensor:
@@ -154,10 +160,25 @@ def reference_terms(model: CocoLM, batch, main_calls, aux_logits) -> dict[str, f
     if s.lm != "none":
         where = batch.mlm_mask if s.lm == "masked" else real
         pv = clm_vocab_prob(model, hidden)[where].gather(1, orig[where][:, None]).squeeze(1)
-        p_lm = y[where] * pc[where] + (1 - pc[where]) * pv if s.copy_mechanism else pv
-        terms["lm"] = float(-p_lm.log().mean())
+        if s.lm_form == "release":  # the released criterion: p_copy(0) x the vocabulary's cross-entropy
+            terms["lm"] = float(((1 - pc[where]) * -pv.log()).mean())
+        else:
+            p_lm = y[where] * pc[where] + (1 - pc[where]) * pv if s.copy_mechanism else pv
+            terms["lm"] = float(-p_lm.log().mean())
     if s.scl:
-        terms["scl"] = scl_reference(hidden[:, 0], main_calls[1]["out"][:, 0], s.scl_temperature)["loss"]
+        views = hidden[:, 0], main_calls[1]["out"][:, 0]
+        if s.scl_projection:  # the release's SCL head, from its parameters: dense -> GELU -> LayerNorm
+            dense, _, norm = model.scl_head
+            w, b = dense.weight.detach().double(), dense.bias.detach().double()
+            gelu = lambda t: 0.5 * t * (1 + torch.erf(t / math.sqrt(2)))
+
+            def project(v):
+                u = gelu(v.double() @ w.T + b)
+                u = (u - u.mean(-1, keepdim=True)) / torch.sqrt(u.var(-1, unbiased=False, keepdim=True) + norm.eps)
+                return u * norm.weight.detach().double() + norm.bias.detach().double()
+
+            views = tuple(project(v) for v in views)
+        terms["scl"] = scl_reference(*views, s.scl_temperature)["loss"]
     return terms
 
 
@@ -176,8 +197,9 @@ def keep_some_originals(model: CocoLM, batch, seed: int = 0):
     return batch
 
 
-def total(terms: dict[str, float], copy_weight: float = 50.0) -> float:
-    return terms.get("aux", 0.0) + copy_weight * terms.get("copy", 0.0) + terms.get("lm", 0.0) + terms.get("scl", 0.0)
+def total(terms: dict[str, float], copy_weight: float = 50.0, scl_weight: float = 1.0) -> float:
+    aux, copy, lm, scl = (terms.get(k, 0.0) for k in ("aux", "copy", "lm", "scl"))
+    return aux + copy_weight * copy + lm + scl_weight * scl
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,6 +268,12 @@ CLM_VARIANTS = {
     "SCL + RTD": {"lm": "none"},
     "All-Token LM Only": {"lm": "all_tokens", "copy_loss": False, "stop_gradient": False, "scl": False},
     "temperature 0.5": {"scl_temperature": 0.5},
+    # where the paper and the release differ (docs/methods.md): each form a setting
+    "released LM form": {"lm_form": "release"},
+    "released LM form w/o. Stop-grad": {"lm_form": "release", "stop_gradient": False},
+    "SCL weight 0.1": {"scl_weight": 0.1},
+    "released SCL head": {"scl_projection": True},
+    "MLP copy head": {"copy_head": "mlp"},
 }
 
 
@@ -261,7 +289,7 @@ def test_forward_loss_equals_independent_reconstruction(row):
     assert len(aux_train) == 1  # the loss call, with dropout on
     terms = reference_terms(model, batch, main_calls, aux_train[0]["out"])
 
-    assert out.loss.item() == pytest.approx(total(terms), rel=1e-6, abs=2e-5)
+    assert out.loss.item() == pytest.approx(total(terms, scl_weight=s.scl_weight), rel=1e-6, abs=2e-5)
     assert float(out.metrics["aux_loss"]) == pytest.approx(terms["aux"], rel=1e-5)
     for name, key in (("copy", "copy_loss"), ("lm", "lm_loss"), ("scl", "scl_loss")):
         assert (name in terms) == (key in out.metrics)
@@ -445,6 +473,8 @@ def test_settings_defaults_follow_the_paper():
     assert s.masking.mask_prob == 0.15 and s.masking.mask_special_tokens  # App. B, App. D (RoBERTa)
     assert (s.lm, s.copy_loss, s.copy_mechanism, s.stop_gradient, s.scl) == ("masked", True, True, True, True)
     assert s.auxiliary == "shallow" and s.sample_without_dropout  # Sec. 3.3, App. D
+    # Where the release differs, the paper's printed form: L_LM as Sec. 3.3, SCL on h_[CLS], weight 1 (Eq. 4)
+    assert (s.lm_form, s.scl_projection, s.scl_weight, s.copy_head) == ("printed", False, 1.0, "linear")
     params = load_params(ROOT / "params.yaml")
     for preset, layers in (("base", 4), ("base_pp", 4), ("large_pp", 6)):  # Sec. 4
         aux = params.presets[preset].generators.cocolm
@@ -870,6 +900,10 @@ def test_settings_validation_names_the_key():
         method_settings("cocolm", {"auxiliary": "deep"})
     with pytest.raises(ConfigError, match=r"unknown key 'temperature'"):
         method_settings("cocolm", {"temperature": 1.0})
+    with pytest.raises(ConfigError, match=r"scl_weight=0"):
+        method_settings("cocolm", {"lm": "none", "copy_loss": False, "scl_weight": 0.0})
+    with pytest.raises(ConfigError, match=r"methods\.cocolm\.lm_form='release'.*copy_mechanism"):
+        method_settings("cocolm", {"lm_form": "release", "copy_mechanism": False})
     # Valid neighbours pass: SCL alone, or the binary task alone, still train the main model.
     method_settings("cocolm", {"lm": "none", "copy_loss": False})
     method_settings("cocolm", {"lm": "none", "scl": False})

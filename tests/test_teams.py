@@ -41,6 +41,16 @@ def transform(h, head):
     return layer_norm(gelu(h @ dense.weight.T + dense.bias), ln)
 
 
+def rtd_logits(h, head):
+    """The RTD head's logit from its parameters: the release's dense -> GELU -> dense (the default), or Eq. 6's
+    sigmoid argument w^T h + b (rtd_head: linear)."""
+    net = head.net
+    if isinstance(net, torch.nn.Sequential):
+        first, _, net = net
+        h = gelu(h @ first.weight.T + first.bias)
+    return (h @ net.weight.T + net.bias)[..., 0]
+
+
 def mean_ce(logits, targets):
     picked = logits.gather(1, targets[:, None])[:, 0]
     return (torch.logsumexp(logits, -1) - picked).mean()
@@ -135,15 +145,14 @@ def test_total_is_mlm_plus_5_rtd_plus_2_mws():
     # Generator MLM (Eq. 1-2), recomputed from its last layer and the tied head.
     h_gen = obj.generator.encoder(batch.masked_ids, mask)[-1][mlm]
     gen = mean_ce(transform(h_gen, obj.generator.head) @ obj.tokens.weight.T + obj.generator.head.bias, targets)
-    # RTD (Eq. 4, 6): sigmoid(w^T h_RTD), h_RTD = a separate layer on layer L-1's output.
+    # RTD (Eq. 4, 6): the head (the release's MLP) on h_RTD, a separate layer on layer L-1's output.
     hidden = d(replaced, mask)
     bias = d.attention_bias(mask, mask.shape[1], mask.device)
     h_rtd = obj.rtd_layer(hidden[-2], bias)
-    lin = obj.rtd_head.net
-    rtd_logits = (h_rtd @ lin.weight.T + lin.bias)[..., 0]
+    logits = rtd_logits(h_rtd, obj.rtd_head)
     labels = replaced != batch.input_ids
     assert torch.equal(replaced[~mlm], batch.input_ids[~mlm]) and labels.any()
-    rtd = mean_bce(rtd_logits[mask], labels[mask])
+    rtd = mean_bce(logits[mask], labels[mask])
     mws = mws_loss(hidden[-1][mlm], candidates, obj)
     torch.testing.assert_close(out.metrics["gen_loss"], gen, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.metrics["rtd_loss"].double(), rtd, atol=1e-5, rtol=1e-5)
@@ -371,7 +380,9 @@ def test_attention_heads_rtd_on_layer_l_minus_1_mws_on_layer_l():
     obj = jitter(build()).eval()
     assert isinstance(obj.rtd_layer, TransformerLayer) and obj.mws_layer is None
     assert all(obj.rtd_layer is not layer for layer in obj.discriminator.layers)
-    assert isinstance(obj.rtd_head.net, torch.nn.Linear)  # Eq. 6: sigmoid(w^T h)
+    # the release's head: Dense(gelu) -> Dense(1); Eq. 6 as printed (sigmoid(w^T h)) is rtd_head: linear
+    assert [type(m) for m in obj.rtd_head.net] == [torch.nn.Linear, torch.nn.GELU, torch.nn.Linear]
+    assert isinstance(build(rtd_head="linear").rtd_head.net, torch.nn.Linear)
     _, hidden, bias, (h_rtd, h_mws) = states(obj)
     torch.testing.assert_close(h_rtd, obj.rtd_layer(hidden[11], bias))
     torch.testing.assert_close(h_mws, hidden[12])
@@ -447,9 +458,7 @@ def test_exported_rtd_encoder_output_is_what_the_rtd_loss_used(norm):
         out, replaced, _ = run(obj, batch)
         mask = batch.attention_mask
         h = obj.main_encoder()(replaced, mask)[-1]
-        lin = obj.rtd_head.net
-        logits = (h @ lin.weight.T + lin.bias)[..., 0]
-        want = mean_bce(logits[mask], (replaced != batch.input_ids)[mask])
+        want = mean_bce(rtd_logits(h, obj.rtd_head)[mask], (replaced != batch.input_ids)[mask])
         torch.testing.assert_close(out.metrics["rtd_loss"].double(), want, atol=1e-5, rtol=1e-5)
 
 

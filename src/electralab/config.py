@@ -183,6 +183,10 @@ class EncoderConfig:
     # and its first, largest gradients (x50 in ELECTRA/COCO-LM/AMOS) do not push every token's vector toward
     # one constant: at the tiny preset that push collapsed ELECTRA's encoder (docs/training.md).
     detector_bias: Literal["zero", "base_rate"] = "zero"
+    # The binary detectors' head (the RTD heads, COCO-LM's copy head): "method" = each method's own setting
+    # (as its authors released it: ELECTRA's and TEAMS's dense -> GELU -> dense, COCO-LM's and AMOS's linear);
+    # "linear" / "mlp" = that head for every method, so that the rows of a comparison do not differ in it.
+    detector_head: Literal["method", "linear", "mlp"] = "method"
     # Candidates against the small-budget "dead phase" (docs/findings.md; bench/dead_phase.py measures them).
     # The papers' encoders are post-LN with BERT's init and plain attention logits: the defaults.
     # norm "pre": x + Attn(LN(x)), x + FFN(LN(x)), every returned layer state through one final LayerNorm

@@ -39,6 +39,7 @@ from electralab.objectives.common import (
     Objective,
     Output,
     accuracy,
+    detector_head,
     grad_reverse,
     gumbel_noise,
     mlm_loss,
@@ -72,6 +73,7 @@ class Settings:
     separate_generators: tuple[int, ...] | None = None
     gumbel_temperature: float = bounded(0.3, lo=1e-4)  # tau (App. B)
     rtd_weight: float = bounded(50.0, lo=0.0)  # lambda (App. B)
+    rtd_head: Literal["linear", "mlp"] = "linear"  # Eq. 1's sigmoid(w^T h); the release's BinaryHead is linear too
     generator_dropout: float = bounded(0.0, lo=0.0, hi=1.0)  # "we disable dropout in the generator"
 
     def check(self, where: str) -> None:
@@ -144,7 +146,10 @@ class Amos(Objective):
             self.mixture_v = nn.Parameter(torch.zeros(model.hidden))
         self.discriminator = Encoder(model, self.tokens)
         self.rtd_head = BinaryHead(
-            model.hidden, "linear", model.initializer_range, prior=replaced_prior(model, s.masking)
+            model.hidden,
+            detector_head(model, s.rtd_head),
+            model.initializer_range,
+            prior=replaced_prior(model, s.masking),
         )
 
     def _head(self, cfg: EncoderConfig) -> LMHead:

@@ -8,12 +8,14 @@ sampling its replacements in inference mode (no dropout; App. D). The main Trans
     p_copy(1|h_i)  = sigmoid(w_copy^T h_i)
     L_copy = BCE of p_copy against 1(x_i^MLM = x_i^orig) on all tokens          (Eq. 2)
     L_LM   = -sum_{i in M} log p_LM(x_i^orig | h_i), with p_copy under stop-gradient
+             (lm_form "release": sum_{i in M} p_copy^sg(0|h_i) CE(softmax(x^T h_i), x_i^orig), the released
+             criterion's form: the vocabulary's loss weighted by the copy head's belief in a replacement)
     L_CLM  = lambda_copy * L_copy + L_LM,  lambda_copy = 50                     (App. B)
   Sequence contrastive learning (Sec. 3.3):
     positives (X^MLM_k, X^crop_k) where X^crop is a random contiguous 90% span of X^orig;
     cosine similarity of the [CLS] states, temperature 1, symmetric, the other 2N-2 sequences of
     the batch as negatives                                                      (Eq. 3)
-  Total: L = L_MLM(aux) + L_CLM + L_SCL                                         (Eq. 4)
+  Total: L = L_MLM(aux) + L_CLM + L_SCL                                         (Eq. 4; scl_weight 1)
 
 Heads (App. D): the auxiliary's MLM head has the projection layer, the main CLM head does not.
 Every Table 3 / Figure 4 ablation is a Settings switch; docs/methods.md maps rows to values.
@@ -32,13 +34,14 @@ from electralab import CLS_ID, PAD_ID
 from electralab.batch import Batch
 from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig, bounded
 from electralab.errors import ConfigError
-from electralab.model.encoder import Encoder, make_token_embedding
+from electralab.model.encoder import Encoder, init_weights, make_token_embedding
 from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (
     MaskedLM,
     Objective,
     Output,
     accuracy,
+    detector_head,
     mlm_loss,
     random_tokens,
     replace_masked,
@@ -58,7 +61,15 @@ class Settings:
     copy_loss: bool = True  # the binary L_copy term (its absence: "All-Token LM Only")
     copy_mechanism: bool = True  # p_LM mixes in p_copy; False = "CLM w/o. Copy" (plain softmax)
     stop_gradient: bool = True  # sg on p_copy inside L_LM; False = "CLM w/o. Stop-grad"
+    # L_LM's form: "printed" = Sec. 3.3, -log(1(x = x^MLM) p_copy(1) + p_copy(0) p_LM(x)); "release" = the
+    # released criterion's p_copy(0) x CE(p_LM, x) (docs/methods.md, "Where paper and release differ").
+    lm_form: Literal["printed", "release"] = "printed"
+    copy_head: Literal["linear", "mlp"] = "linear"  # sigmoid(w_copy^T h) (Sec. 3.3), linear in the release too
     scl: bool = True  # sequence contrastive learning
+    scl_weight: float = bounded(1.0, lo=0.0)  # L_SCL's weight in Eq. 4 (1: the paper's sum)
+    # SCL on h_[CLS] as Sec. 3.3 prints it (False), or through the release's projection head on [CLS]
+    # (dense -> GELU -> LayerNorm, the released model's SCL head) before the cosine (True).
+    scl_projection: bool = False
     scl_temperature: float = bounded(1.0, lo=1e-4)  # tau = 1 (Sec. 3.3, App. B)
     crop_fraction: float = bounded(0.9, lo=0.05, hi=1.0)  # |X^crop| / |X^orig| (Fig. 4: 0.7 .. 1.0)
     # "shallow": COCO-LM's (4 layers base, 6 large, full width); "electra": ELECTRA's generator (same
@@ -71,9 +82,15 @@ class Settings:
     def check(self, where: str) -> None:
         if self.auxiliary == "converged" and not self.auxiliary_checkpoint:
             raise ConfigError(f"{where}.auxiliary_checkpoint: required when auxiliary='converged'")
-        if self.lm == "none" and not self.copy_loss and not self.scl:
+        if self.lm == "none" and not self.copy_loss and not (self.scl and self.scl_weight > 0):
             raise ConfigError(
-                f"{where}: lm='none', copy_loss=false and scl=false leave the main model without a training signal"
+                f"{where}: lm='none', copy_loss=false and scl=false (or scl_weight=0) leave the main model "
+                f"without a training signal"
+            )
+        if self.lm_form == "release" and not self.copy_mechanism:
+            raise ConfigError(
+                f"{where}.lm_form='release' weighs the LM loss by the copy head's p_copy(0): it needs "
+                f"copy_mechanism=true (without it, L_LM is the plain softmax's in either form)"
             )
 
 
@@ -166,8 +183,19 @@ class CocoLM(Objective):
         )
         replaced = replaced_prior(model, s.masking)  # the copy head's positive label is "original"
         self.copy_head = BinaryHead(
-            model.hidden, "linear", model.initializer_range, prior=None if replaced is None else 1 - replaced
+            model.hidden,
+            detector_head(model, s.copy_head),
+            model.initializer_range,
+            prior=None if replaced is None else 1 - replaced,
         )
+        self.scl_head: torch.nn.Module | None = None
+        if s.scl and s.scl_projection:
+            self.scl_head = torch.nn.Sequential(
+                torch.nn.Linear(model.hidden, model.hidden),
+                torch.nn.GELU(),
+                torch.nn.LayerNorm(model.hidden, eps=model.layer_norm_eps),
+            )
+            init_weights(self.scl_head, model.initializer_range)
 
     def _load_converged(self, path: Path) -> None:
         try:
@@ -237,7 +265,11 @@ class CocoLM(Objective):
             if c is not None and s.stop_gradient:
                 c = c.detach()
             lm_logits = self.clm_head(hidden[where])  # (N, V)
-            lm_loss = -lm_log_prob(lm_logits, c, x_mlm[where], batch.input_ids[where]).mean()
+            if s.lm_form == "release" and c is not None:
+                ce = F.cross_entropy(lm_logits.float(), batch.input_ids[where], reduction="none")
+                lm_loss = (torch.sigmoid(-c.float()) * ce).mean()  # p_copy(0 | h) = sigmoid(-logit)
+            else:
+                lm_loss = -lm_log_prob(lm_logits, c, x_mlm[where], batch.input_ids[where]).mean()
             loss = loss + lm_loss
             metrics["lm_loss"] = lm_loss.detach()
             metrics.update(self._clm_accuracy(hidden, copy_logit, x_mlm, batch.input_ids, is_original, real))
@@ -245,8 +277,11 @@ class CocoLM(Objective):
         if s.scl:
             x_crop, crop_mask = crop(batch.input_ids, real, s.crop_fraction)
             s_crop = self.main(x_crop, crop_mask)[-1][:, 0]  # [CLS] of X^crop
-            scl, scl_metrics = scl_loss(hidden[:, 0], s_crop, s.scl_temperature)
-            loss = loss + scl
+            s_mlm = hidden[:, 0]
+            if self.scl_head is not None:
+                s_mlm, s_crop = self.scl_head(s_mlm), self.scl_head(s_crop)
+            scl, scl_metrics = scl_loss(s_mlm, s_crop, s.scl_temperature)
+            loss = loss + s.scl_weight * scl
             metrics.update(scl_metrics)
         return Output(loss, metrics)
 

@@ -136,6 +136,11 @@ def replaced_prior(model: EncoderConfig, masking: MaskingConfig) -> float | None
     return masking.mask_prob * (masking.mask_token_prob + masking.random_token_prob)
 
 
+def detector_head(model: EncoderConfig, own: str) -> str:
+    """The kind of binary head a method builds: its own setting, unless the model names one for all."""
+    return own if model.detector_head == "method" else model.detector_head
+
+
 def rtd(
     logits: torch.Tensor, is_replaced: torch.Tensor, attention_mask: torch.Tensor, prefix: str = "rtd"
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -26,6 +26,7 @@ from electralab.objectives.common import (
     Objective,
     Output,
     accuracy,
+    detector_head,
     mlm_loss,
     replace_masked,
     replaced_prior,
@@ -64,7 +65,10 @@ class Electra(Objective):
         shared, own = self.discriminator.embeddings, self.generator.encoder.embeddings
         own.positions, own.norm = shared.positions, shared.norm
         self.rtd_head = BinaryHead(
-            model.hidden, settings.rtd_head, model.initializer_range, prior=replaced_prior(model, settings.masking)
+            model.hidden,
+            detector_head(model, settings.rtd_head),
+            model.initializer_range,
+            prior=replaced_prior(model, settings.masking),
         )
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:

@@ -36,6 +36,7 @@ from electralab.objectives.common import (
     Objective,
     Output,
     accuracy,
+    detector_head,
     gumbel_noise,
     mlm_loss,
     replace_masked,
@@ -70,6 +71,10 @@ class Settings:
     mlm_weight: float = bounded(1.0, lo=0.0)
     rtd_weight: float = bounded(5.0, lo=0.0)  # lambda_1 (App. B); 0 = Table 2 "Only MWS"
     mws_weight: float = bounded(2.0, lo=0.0)  # lambda_2 (App. B); 0 = Table 2 "Only RTD"
+    # The RTD head after its task layer. "mlp": the authors' release (TF Model Garden teams_pretrainer.py:
+    # Dense(gelu) then Dense(1), its ELECTRA's head too, so the paper's TEAMS-ELECTRA comparison had one head);
+    # "linear": Eq. 6 as printed, sigmoid(w^T h). The FFN-heads ablation always uses ELECTRA's MLP head.
+    rtd_head: Literal["mlp", "linear"] = "mlp"
 
     def check(self, where: str) -> None:
         if self.rtd_weight == 0 and self.mws_weight == 0:
@@ -143,10 +148,11 @@ class Teams(Objective):
             # computed but untrained (no gradient, dead weights).
             if s.task_heads == "attention" and (s.mws_weight > 0 or s.heads_on_top):
                 self.rtd_layer = self._layer(model)
-            # Eq. 6 is sigmoid(w^T h) on an attention head; the FFN ablation uses ELECTRA's MLP head.
+            # On the attention task layer: rtd_head (the release's MLP, or Eq. 6's linear); the FFN ablation
+            # uses ELECTRA's MLP head.
             self.rtd_head = BinaryHead(
                 model.hidden,
-                "linear" if s.task_heads == "attention" else "mlp",
+                detector_head(model, s.rtd_head if s.task_heads == "attention" else "mlp"),
                 model.initializer_range,
                 prior=replaced_prior(model, s.masking),
             )
