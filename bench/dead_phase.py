@@ -222,13 +222,25 @@ def run(args) -> None:
         sys.exit(f"error: {len(failed)} point(s) failed before their trace: {', '.join(failed)} (their output above)")
 
 
+def tokens_per_step(point: dict) -> int:
+    """The point's batch (its sets', else the active preset's) x the preset's sequence length."""
+    from electralab.config import load_params
+
+    preset = load_params(ROOT / "params.yaml").active
+    batch = preset.pretrain.batch_size
+    for item in point["sets"]:
+        if item.startswith("pretrain.batch_size="):
+            batch = int(item.partition("=")[2])
+    return batch * preset.shards.seq_len
+
+
 def table(args) -> None:
     points = load_points(args.out)
     print(
-        "| method | candidate | seed | left the base rate for good at step | of the budget | first at 0.02 | "
-        "gain at the last check | attention entropy there | minutes | device, precision |"
+        "| method | candidate | seed | left the base rate for good at step | of the budget | tokens by then | "
+        "first at 0.02 | gain at the last check | attention entropy there | minutes | device, precision |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for p in sorted(points, key=lambda p: (p["method"], p["left_at"] or 1e9, p["candidate"], p["seed"])):
         last = p["trace"][max(p["trace"], key=int)] if p["trace"] else {}
         gain = next((last[k] for k in DETECTOR_GAINS if k in last), float("nan"))
@@ -244,6 +256,7 @@ def table(args) -> None:
         )
         print(
             f"| {p['method']} | {p['candidate']}{state} | {p['seed']} | {left or '-'} | {share} | "
+            f"{f'{left * tokens_per_step(p) / 1e6:.1f}M' if left else '-'} | "
             f"{p.get('first_at') or '-'} | {gain:.3f} | "
             f"{last.get('attention_entropy', float('nan')):.3f} | {p['minutes']:.1f} | "
             f"{p['device']}, {p['precision']} |"

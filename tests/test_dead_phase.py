@@ -76,3 +76,16 @@ def test_a_point_runs_records_its_trace_and_is_not_run_again(tmp_path, shards_di
     assert "| electra | pre_ln | 1 |" in first.stdout
     again = sweep(*args, out=tmp_path / "sweep")
     assert again.returncode == 0 and "1 of 1 points done; 0 to run" in again.stdout
+
+
+def test_the_findings_page_shows_the_committed_points_as_the_bench_renders_them(capsys):
+    import argparse
+
+    dead_phase.table(argparse.Namespace(out=ROOT / "results" / "dead_phase"))
+    rendered = capsys.readouterr().out.strip()
+    page = (ROOT / "docs" / "findings.md").read_text()
+    shown = page.split("<!-- dead_phase table -->\n", 1)[1].split("\n<!-- end dead_phase table -->", 1)[0]
+    assert shown.strip() == rendered, (
+        "docs/findings.md: run `python bench/dead_phase.py --out results/dead_phase table`"
+    )
+    assert rendered.count("\n| electra |") >= 16
