@@ -219,3 +219,30 @@ def test_config_module_prints_a_resolved_preset(capsys):
     assert printed["finetune"]["grids"]["glue_small"]["lr"] == [1.0e-4, 3.0e-4]  # the preset's own
     with pytest.raises(SystemExit, match="no preset 'nope'"):
         main(["nope", "--params", str(ROOT / "params.yaml")])
+
+
+def test_a_relative_data_mirror_is_the_projects_under_dvc_also_in_a_temporary_experiments_copy(tmp_path, monkeypatch):
+    # `dvc exp run --temp` runs each stage in a copy of the project elsewhere, with DVC_ROOT at the project itself:
+    # ELECTRALAB_DATA=../shared/data must name the mirror beside the project, not beside the copy.
+    from electralab.env import data_root
+
+    project, mirror, copy = (
+        tmp_path / "work" / "project",
+        tmp_path / "work" / "shared" / "data",
+        tmp_path / "tmp" / "exp",
+    )
+    for d in (project, mirror, copy):
+        d.mkdir(parents=True)
+    monkeypatch.setenv("ELECTRALAB_DATA", "../shared/data")
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("DVC_ROOT", str(project))
+    assert data_root() == mirror.resolve()
+    monkeypatch.delenv("DVC_ROOT")
+    monkeypatch.chdir(project)  # `make` from the project root: the current directory
+    assert data_root() == mirror.resolve()
+    monkeypatch.setenv("ELECTRALAB_DATA", str(mirror))  # an absolute value is itself wherever it runs
+    monkeypatch.chdir(copy)
+    assert data_root() == mirror.resolve()
+    monkeypatch.setenv("ELECTRALAB_DATA", "../nowhere")
+    with pytest.raises(ConfigError, match=r"ELECTRALAB_DATA='../nowhere'"):
+        data_root()

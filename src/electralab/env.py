@@ -37,13 +37,16 @@ def store_root() -> Path:
 def data_root() -> Path | None:
     """The local mirror named by $ELECTRALAB_DATA (absolute), or None to read from the hub.
 
-    A relative value is taken relative to the current directory (the project root for `dvc repro`
-    and `make`), so `ELECTRALAB_DATA=../shared/data` works from a checkout beside ../shared.
+    A relative value is taken relative to the project the command ran in: DVC_ROOT when DVC runs a stage
+    (the parent repository also under `dvc exp run --temp` or `--queue`, whose stages run in a copy elsewhere),
+    else the current directory (the project root for `make`), so `ELECTRALAB_DATA=../shared/data` works from a
+    checkout beside ../shared.
     """
     value = os.environ.get(DATA_ENV)
     if not value:
         return None
-    path = Path(value).expanduser().resolve()
+    base = Path(os.environ["DVC_ROOT"]) if os.environ.get("DVC_ROOT") else Path.cwd()
+    path = (base / Path(value).expanduser()).resolve()  # an absolute value ignores the base
     if not path.is_dir():
         raise ConfigError(
             f"{DATA_ENV}={value!r}: no such directory ({path}); unset it to read "
