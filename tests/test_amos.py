@@ -652,9 +652,16 @@ def test_constant_mixtures_and_no_adversary(settings, expected):
         assert_grad_close(g_mod[name], g_gen[name], name)
 
 
-def test_adversarial_mixture_starts_uniform():
-    obj = build()
-    assert isinstance(obj.mixture_v, nn.Parameter) and obj.mixture_v.abs().max() == 0
+def test_adversarial_mixture_starts_near_uniform_as_released_or_exactly_with_zero_v():
+    # mixture_init: the release draws v from N(0, 0.02) (the paper is silent); "zero" starts exactly uniform.
+    released = build()
+    assert isinstance(released.mixture_v, nn.Parameter)
+    assert float(released.mixture_v.std()) == pytest.approx(released.discriminator.cfg.initializer_range, rel=0.3)
+    torch.manual_seed(0)
+    gamma = _mix_weights(released(make_batch()), (4, 6, 8))
+    assert not torch.equal(gamma, torch.full((3,), 1 / 3)) and float((gamma - 1 / 3).abs().max()) < 0.1
+    obj = build(mixture_init="zero")
+    assert obj.mixture_v.abs().max() == 0
     torch.manual_seed(0)
     out = obj(make_batch())
     assert_close(_mix_weights(out, (4, 6, 8)), torch.full((3,), 1 / 3), "initial gamma", rel=1e-6)

@@ -710,6 +710,25 @@ def test_token_embeddings_are_one_shared_parameter():
     assert float(table.grad.abs().sum()) > 0
 
 
+@pytest.mark.parametrize("share", ["all", "tokens"])
+def test_the_auxiliary_shares_the_embedding_module_as_released_or_the_token_table_alone(share):
+    torch.manual_seed(0)
+    model = CocoLM(tiny_model(), tiny_generators(), VOCAB, Settings(share_embeddings=share))
+    mine, main = model.auxiliary.encoder.embeddings, model.main.embeddings
+    assert mine.tokens is main.tokens
+    assert (mine.positions is main.positions and mine.norm is main.norm) == (share == "all")
+    if share == "all":  # the main model's loss and the auxiliary's both train the shared positions
+        batch = make_batch()
+        model.auxiliary(batch).sum().backward()
+        assert float(main.positions.weight.grad.abs().sum()) > 0
+    own = sum(p.numel() for p in (*mine.positions.parameters(), *mine.norm.parameters()))
+    separate = sum(
+        p.numel()
+        for p in CocoLM(tiny_model(), tiny_generators(), VOCAB, Settings(share_embeddings="tokens")).parameters()
+    )
+    assert sum(p.numel() for p in model.parameters()) == separate - (own if share == "all" else 0)
+
+
 def test_auxiliary_head_has_projection_and_clm_head_does_not():
     torch.manual_seed(0)
     model = CocoLM(tiny_model(), tiny_generators(), VOCAB, Settings())

@@ -75,6 +75,9 @@ class Settings:
     rtd_weight: float = bounded(50.0, lo=0.0)  # lambda (App. B)
     rtd_head: Literal["linear", "mlp"] = "linear"  # Eq. 1's sigmoid(w^T h); the release's BinaryHead is linear too
     generator_dropout: float = bounded(0.0, lo=0.0, hi=1.0)  # "we disable dropout in the generator"
+    # v of Eq. 3 at initialisation (the paper is silent): "normal" = the release's N(0, initializer_range);
+    # "zero" = an exactly uniform mixture at the first step.
+    mixture_init: Literal["normal", "zero"] = "normal"
 
     def check(self, where: str) -> None:
         depths = self.separate_generators or self.exits  # None: the preset's exits, checked with it
@@ -142,8 +145,10 @@ class Amos(Objective):
             raise ConfigError(
                 f"amos fixed_weights={list(self.fixed_weights)}: give one weight per exit ({len(self.exit_names)})"
             )
-        if s.mixture == "adversarial":  # v of Eq. 3 (zeros: the mixture starts uniform)
+        if s.mixture == "adversarial":  # v of Eq. 3
             self.mixture_v = nn.Parameter(torch.zeros(model.hidden))
+            if s.mixture_init == "normal":
+                nn.init.normal_(self.mixture_v, std=model.initializer_range)
         self.discriminator = Encoder(model, self.tokens)
         self.rtd_head = BinaryHead(
             model.hidden,

@@ -78,6 +78,10 @@ class Settings:
     auxiliary: Literal["shallow", "electra", "random", "converged"] = "shallow"
     auxiliary_checkpoint: str | None = None
     sample_without_dropout: bool = True  # App. D: replacements sampled with the auxiliary in eval mode
+    # What the auxiliary shares with the main model: "all" = the release's whole embedding module but the
+    # projection (token and position tables, embedding LayerNorm), as ELECTRA's; "tokens" = the token table
+    # alone (App. B names only the token embeddings; the positions it does not mention).
+    share_embeddings: Literal["all", "tokens"] = "all"
 
     def check(self, where: str) -> None:
         if self.auxiliary == "converged" and not self.auxiliary_checkpoint:
@@ -178,6 +182,9 @@ class CocoLM(Objective):
         else:
             self.auxiliary = None
         self.main = Encoder(model, self.tokens)
+        if s.share_embeddings == "all" and s.auxiliary in ("shallow", "electra"):
+            shared, own = self.main.embeddings, self.auxiliary.encoder.embeddings
+            own.positions, own.norm = shared.positions, shared.norm
         self.clm_head = LMHead(
             model.hidden, self.tokens, projection=False, eps=model.layer_norm_eps, std=model.initializer_range
         )
