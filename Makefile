@@ -3,6 +3,7 @@
 #                   COCO-LM, AMOS and TEAMS Table 1 (MLM, ELECTRA, COCO-LM, AMOS, TEAMS) and the
 #                   no-pretraining control, pretrained, fine-tuned and reported (docs/reproducing.md)
 #   make test       set up .venv from the lock file, check format and lint (ruff), then run the test suite
+#   make test-fast  the same without the tests that start servers or run the pipeline's stages (minutes)
 # and the rest:
 #   make repro-all  every run of every table and figure (`dvc repro`): about 21 hours on 2 CPU cores (docs/operations.md)
 # Offline (no Hugging Face hub), point ELECTRALAB_DATA at a local mirror: ELECTRALAB_DATA=../shared/data
@@ -14,7 +15,7 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup browser repro repro-all lint test bench clean-venv
+.PHONY: setup browser repro repro-all lint test test-fast bench clean-venv
 
 HEADLINE := coco-lm/table1 amos/table1 teams/table1
 
@@ -54,6 +55,10 @@ lint: setup
 
 test: setup browser lint
 	pytest
+
+# The edit-run loop: every test that starts no server and runs no project's stages (tests/conftest.py marks them).
+test-fast: setup lint
+	pytest -m "not slow and not pipeline"
 
 bench: setup
 	python bench/shards_throughput.py

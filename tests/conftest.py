@@ -118,6 +118,27 @@ def static_shards_dir(tmp_path_factory, corpus_dir, vocab_dir) -> Path:
     return out
 
 
+# The fixtures that start a server (Prefect, the MLflow UI, Ray, a browser) or run a project's stages as processes:
+# a test that uses one is marked `pipeline`, and `make test-fast` (-m "not slow and not pipeline") leaves it out.
+PIPELINE_FIXTURES = {
+    "prefect_api",
+    "prefect_server",
+    "ablation",
+    "local_ray",
+    "mlflow_ui",
+    "served",
+    "browser",
+    "sprint",
+}
+PIPELINE_FIXTURES |= {"project", "pristine"}  # test_pretrain's and test_bad_input's project copies run stages
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if PIPELINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.pipeline)
+
+
 @pytest.fixture(scope="module")
 def single_thread():
     """One intra-op thread for a module of tiny-model tests: threads only add overhead on such tensors,
