@@ -13,6 +13,10 @@ from pathlib import Path
 # Fail fast instead of waiting on the unreachable hub (datasets reads these at import).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# A relative mirror (CI's ELECTRALAB_DATA=../shared/data) is the one beside the checkout pytest ran in, made absolute
+# once: tests that point DVC_ROOT at a project copy, as DVC does for a stage, must not move it with them.
+if os.environ.get("ELECTRALAB_DATA") and not os.path.isabs(os.environ["ELECTRALAB_DATA"]):
+    os.environ["ELECTRALAB_DATA"] = os.path.abspath(os.environ["ELECTRALAB_DATA"])
 
 import pytest  # noqa: E402
 
