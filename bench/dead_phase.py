@@ -3,8 +3,8 @@
 At the tiny preset every ELECTRA-family detector sits at its base rate for the first 3,000-4,500 of 8,000
 steps. This sweep pretrains the preset's run of a method with each candidate (a named list of --set
 overrides of bench/heldout_trace.py, applied alike to every method), the collapse guard measuring every
-`--every` steps, and records where the detector leaves the base rate: the first check at which its gain
-over the base rate (RTD, or COCO-LM's copy head) reaches the guard's 0.02.
+`--every` steps, and records where the detector leaves the base rate for good: the first check from which on
+its gain over the base rate (RTD, or COCO-LM's copy head) stays at the guard's 0.02 or above.
 
     # every candidate on ELECTRA, one at a time (CPU), then the table
     ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py run --methods electra
@@ -18,7 +18,7 @@ over the base rate (RTD, or COCO-LM's copy head) reaches the guard's 0.02.
 Each point (method, candidate, seed) is one process and one file, `--out/points/<method>-<candidate>-s<seed>.json`
 (the trace, where the detector left the base rate, the machine, precision, load and commit); a point with a
 file is done, so `run` resumes where it stopped. A point stopped by `--minutes` keeps its partial trace
-(`"paused": true`) and runs again from its start on the next `run`.
+(`"paused": true`) and is not done: the next `run` runs it again.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def run_point(args) -> None:
         )
     except ConfigError as e:
         sys.exit(f"error: {name}: {e}")
-    gpu = any(s.replace(" ", "") == "pretrain.use_gpu=true" for s in sets)
+    gpu = result["pretrain_cfg"].use_gpu
     device = torch.device("cuda" if gpu else "cpu")
     record = {
         "method": args.method,
@@ -177,11 +177,11 @@ def load_points(out: Path) -> list[dict]:
 
 
 def run(args) -> None:
-    wanted = [(m, c, s) for c in args.candidates for m in args.methods for s in args.seeds]
-    wanted += [(*item.split("/", 1), s) for item in args.points for s in args.seeds]  # after the cross product
     bad = [item for item in args.points if "/" not in item]
     if bad:
         sys.exit(f"error: --points {bad[0]!r}: give METHOD/CANDIDATE, e.g. cocolm/pre_ln")
+    wanted = [(m, c, s) for c in args.candidates for m in args.methods for s in args.seeds]
+    wanted += [(*item.split("/", 1), s) for item in args.points for s in args.seeds]  # after the cross product
     unknown = sorted({c for _, c, _ in wanted} - set(CANDIDATES))
     if unknown:
         sys.exit(f"error: unknown candidate(s) {unknown}; choose from {sorted(CANDIDATES)}")
@@ -222,11 +222,8 @@ def run(args) -> None:
         sys.exit(f"error: {len(failed)} point(s) failed before their trace: {', '.join(failed)} (their output above)")
 
 
-def tokens_per_step(point: dict) -> int:
+def tokens_per_step(point: dict, preset) -> int:
     """The point's batch (its sets', else the active preset's) x the preset's sequence length."""
-    from electralab.config import load_params
-
-    preset = load_params(ROOT / "params.yaml").active
     batch = preset.pretrain.batch_size
     for item in point["sets"]:
         if item.startswith("pretrain.batch_size="):
@@ -235,6 +232,9 @@ def tokens_per_step(point: dict) -> int:
 
 
 def table(args) -> None:
+    from electralab.config import load_params
+
+    preset = load_params(ROOT / "params.yaml").active
     points = load_points(args.out)
     print(
         "| method | candidate | seed | left the base rate for good at step | of the budget | tokens by then | "
@@ -256,7 +256,7 @@ def table(args) -> None:
         )
         print(
             f"| {p['method']} | {p['candidate']}{state} | {p['seed']} | {left or '-'} | {share} | "
-            f"{f'{left * tokens_per_step(p) / 1e6:.1f}M' if left else '-'} | "
+            f"{f'{left * tokens_per_step(p, preset) / 1e6:.1f}M' if left else '-'} | "
             f"{p.get('first_at') or '-'} | {gain:.3f} | "
             f"{last.get('attention_entropy', float('nan')):.3f} | {p['minutes']:.1f} | "
             f"{p['device']}, {p['precision']} |"
@@ -312,13 +312,13 @@ def main() -> None:
     r.add_argument("--seeds", nargs="+", type=int, default=[1])
     r.add_argument("--parallel", type=int, default=1, help="points at a time (one process each)")
     r.add_argument("--minutes", type=float, help="stop every point cleanly after this many minutes")
-    for p in (r, sub.add_parser("point", help="one point in this process (what run starts)")):
+    pt = sub.add_parser("point", help="one point in this process (what run starts)")
+    for p in (r, pt):
         p.add_argument("--steps", type=int, default=STEPS)
         p.add_argument("--every", type=int, default=250, help="steps between held-out checks")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every point")
         p.add_argument("--data", type=Path, help="a folder with shards/ and vocab/ (default: the preset's, built)")
         p.add_argument("--stop-at", type=int, help="stop after this many steps (the schedule stays the --steps one)")
-    pt = sub._name_parser_map["point"]
     pt.add_argument("--method", required=True)
     pt.add_argument("--candidate", required=True, choices=sorted(CANDIDATES))
     pt.add_argument("--seed", type=int, default=1)

@@ -104,7 +104,7 @@ def trace(
     """Pretrain the active preset's run `run_name` with `sets` (KEY=VALUE) for `steps` steps, the guard
     measuring every `every` steps without stopping it. Returns the trace ({step: diagnostics}), where the
     budget's guard would have stopped it, the error (a diverged run still has its trace), the encoder's
-    directory, the minutes and the resolved fine-tuning settings. `data`: (shards, vocab) already built
+    directory, the minutes and the resolved pretraining and fine-tuning settings. `data`: (shards, vocab) already built
     (else the preset's, built once under bench/out/signal_sweep); `stop`: the loop's pause callback.
     A ConfigError names a bad --set before any training."""
     from signal_sweep import build_data
@@ -183,6 +183,7 @@ def trace(
         "paused": paused,
         "minutes": (time.perf_counter() - began) / 60,
         "encoder": str(out / "models" / name / "encoder"),
+        "pretrain_cfg": run.pretrain,
         "finetune_cfg": resolved.active.finetune,
     }
 

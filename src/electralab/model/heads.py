@@ -9,6 +9,14 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def dense_gelu_layernorm(hidden: int, dim: int, eps: float = 1e-5, std: float = 0.02) -> nn.Sequential:
+    """dense -> GELU -> LayerNorm (BERT's MLM transform; COCO-LM's released SCL head), N(0, std) weights."""
+    net = nn.Sequential(nn.Linear(hidden, dim), nn.GELU(), nn.LayerNorm(dim, eps=eps))
+    nn.init.normal_(net[0].weight, std=std)
+    nn.init.zeros_(net[0].bias)
+    return net
+
+
 class LMHead(nn.Module):
     """Token prediction tied to the token embeddings: logits = transform(h) @ E^T + b.
 
@@ -30,18 +38,14 @@ class LMHead(nn.Module):
         super().__init__()
         dim = tokens.embedding_dim
         self.tokens = tokens
+        self.transform: nn.Module | None = None
         if projection:
-            self.transform: nn.Module | None = nn.Sequential(
-                nn.Linear(hidden, dim), nn.GELU(), nn.LayerNorm(dim, eps=eps)
-            )
-        else:
-            self.transform = nn.Linear(hidden, dim) if hidden != dim else None
+            self.transform = dense_gelu_layernorm(hidden, dim, eps, std)
+        elif hidden != dim:
+            self.transform = nn.Linear(hidden, dim)
+            nn.init.normal_(self.transform.weight, std=std)
+            nn.init.zeros_(self.transform.bias)
         self.bias = nn.Parameter(torch.zeros(tokens.num_embeddings)) if bias else None
-        if self.transform is not None:
-            for m in self.transform.modules():
-                if isinstance(m, nn.Linear):
-                    nn.init.normal_(m.weight, std=std)
-                    nn.init.zeros_(m.bias)
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., E): the embedding AMOS mixes (its h^(d), "after the projection head")."""

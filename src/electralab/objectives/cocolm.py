@@ -34,8 +34,8 @@ from electralab import CLS_ID, PAD_ID
 from electralab.batch import Batch
 from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig, bounded
 from electralab.errors import ConfigError
-from electralab.model.encoder import Encoder, init_weights, make_token_embedding
-from electralab.model.heads import BinaryHead, LMHead
+from electralab.model.encoder import Encoder, make_token_embedding
+from electralab.model.heads import BinaryHead, LMHead, dense_gelu_layernorm
 from electralab.objectives.common import (
     MaskedLM,
     Objective,
@@ -47,6 +47,7 @@ from electralab.objectives.common import (
     replace_masked,
     replaced_prior,
     sample,
+    share_embeddings,
     sized,
 )
 
@@ -183,8 +184,7 @@ class CocoLM(Objective):
             self.auxiliary = None
         self.main = Encoder(model, self.tokens)
         if s.share_embeddings == "all" and s.auxiliary in ("shallow", "electra"):
-            shared, own = self.main.embeddings, self.auxiliary.encoder.embeddings
-            own.positions, own.norm = shared.positions, shared.norm
+            share_embeddings(self.auxiliary.encoder.embeddings, self.main.embeddings)
         self.clm_head = LMHead(
             model.hidden, self.tokens, projection=False, eps=model.layer_norm_eps, std=model.initializer_range
         )
@@ -197,12 +197,9 @@ class CocoLM(Objective):
         )
         self.scl_head: torch.nn.Module | None = None
         if s.scl and s.scl_projection:
-            self.scl_head = torch.nn.Sequential(
-                torch.nn.Linear(model.hidden, model.hidden),
-                torch.nn.GELU(),
-                torch.nn.LayerNorm(model.hidden, eps=model.layer_norm_eps),
+            self.scl_head = dense_gelu_layernorm(
+                model.hidden, model.hidden, model.layer_norm_eps, model.initializer_range
             )
-            init_weights(self.scl_head, model.initializer_range)
 
     def _load_converged(self, path: Path) -> None:
         try:

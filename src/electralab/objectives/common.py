@@ -11,7 +11,7 @@ from torch import nn
 
 from electralab.batch import Batch
 from electralab.config import EncoderConfig, GeneratorSize, MaskingConfig
-from electralab.model.encoder import Encoder
+from electralab.model.encoder import Embeddings, Encoder
 from electralab.model.heads import LMHead
 
 
@@ -65,6 +65,12 @@ class MaskedLM(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         hidden = self.encoder(batch.masked_ids, batch.attention_mask)
         return self.head(hidden[-1][batch.mlm_mask])  # (M, V)
+
+
+def share_embeddings(own: Embeddings, shared: Embeddings) -> None:
+    """`own` uses `shared`'s position table and embedding LayerNorm (the token table is one Parameter already);
+    each keeps its projection to its own width: ELECTRA's released embedding scope, COCO-LM's release too."""
+    own.positions, own.norm = shared.positions, shared.norm
 
 
 def gumbel_noise(like: torch.Tensor) -> torch.Tensor:

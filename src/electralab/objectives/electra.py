@@ -32,6 +32,7 @@ from electralab.objectives.common import (
     replaced_prior,
     rtd,
     sample,
+    share_embeddings,
     sized,
 )
 
@@ -62,8 +63,7 @@ class Electra(Objective):
         # (both the token and positional embeddings) of the generator and discriminator"; the released
         # code shares the whole embedding scope (tokens, positions, LayerNorm) and gives each model its
         # own projection to its hidden size. So the generator uses the discriminator's positions and norm.
-        shared, own = self.discriminator.embeddings, self.generator.encoder.embeddings
-        own.positions, own.norm = shared.positions, shared.norm
+        share_embeddings(self.generator.encoder.embeddings, self.discriminator.embeddings)
         self.rtd_head = BinaryHead(
             model.hidden,
             detector_head(model, settings.rtd_head),
