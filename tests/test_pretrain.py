@@ -613,30 +613,3 @@ def test_the_control_exports_the_encoder_every_method_starts_from_and_takes_no_s
     assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), fresh.state_dict().values()))
     run_ = only_run(mlflow_client(tracking), "control")
     assert run_.info.status == "FINISHED" and run_.data.tags["method"] == "none"
-
-
-def test_mlflows_metric_writer_is_buffered_unless_the_user_set_it_and_a_flush_writes_every_metric(
-    tmp_path, monkeypatch
-):
-    """MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS=1 (docs/operations.md): the writer wakes when a run ends instead of
-    waiting out its queue poll; metrics logged asynchronously are all in the store after the flush."""
-    import mlflow
-
-    from electralab import tracking
-
-    before = mlflow.get_tracking_uri()
-    try:
-        monkeypatch.setenv("MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS", "5")
-        tracking.mlflow_module(f"sqlite:///{tmp_path / 'user.db'}")
-        assert os.environ["MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"] == "5"  # the user's own setting wins
-        monkeypatch.delenv("MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS")
-        tracking.mlflow_module(f"sqlite:///{tmp_path / 'mlflow.db'}")
-        assert os.environ["MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"] == "1"
-        with mlflow.start_run() as active:
-            for step in range(1, 21):
-                mlflow.log_metrics({"loss": 1.0 / step}, step=step, synchronous=False)
-            mlflow.flush_async_logging()
-        history = mlflow.MlflowClient().get_metric_history(active.info.run_id, "loss")
-        assert sorted(m.step for m in history) == list(range(1, 21))
-    finally:
-        mlflow.set_tracking_uri(before)
