@@ -543,11 +543,8 @@ def test_every_run_of_the_registry_trains_in_dvcs_order(tmp_path):
     readers = {name: Path(r["reads"]).stem for name, r in registry.items() if r["reads"] != "data/shards"}
     assert readers == {"cocolm_converged_aux": "cocolm_ablation", "amos_final_mix": "amos_ablation"}
     assert sorted(edges) == sorted((producer, reader) for reader, producer in readers.items())
-    order = list(
-        graphlib.TopologicalSorter(
-            {name: {readers[name]} if name in readers else set() for name in runs}
-        ).static_order()
-    )
+    # DVC's order: each run after the runs its graph says it reads
+    order = list(graphlib.TopologicalSorter({name: {p for p, r in edges if r == name} for name in runs}).static_order())
     commands = [stage_args("pretrain", name)[1:] for name in order]
     proc = subprocess.run(
         [sys.executable, "-c", STAGE_RUNNER, json.dumps(commands)],
