@@ -53,8 +53,10 @@ lint: setup
 	ruff format --check .
 	ruff check .
 
+# Two workers: most of the suite waits on processes it starts (imports, DVC, servers), so a second one nearly halves
+# the wall time on 2 cores; loadgroup keeps the tests of a minutes-long shared fixture on one (tests/conftest.py).
 test: setup browser lint
-	pytest
+	pytest -n 2 --dist loadgroup
 
 # The edit-run loop: every test that starts no server and runs no project's stages (tests/conftest.py marks them).
 test-fast: setup lint

@@ -137,10 +137,20 @@ PIPELINE_FIXTURES = {
 PIPELINE_FIXTURES |= {"project", "pristine"}  # test_pretrain's and test_bad_input's project copies run stages
 
 
+# `make test` runs two workers (pytest-xdist, --dist loadgroup). A session fixture is built once per worker, so the
+# tests of one that costs minutes share a worker: it is built once, as in a run on one worker.
+SHARED_ON_ONE_WORKER = ("ablation", "sprint")
+
+
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
-        if PIPELINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if PIPELINE_FIXTURES & fixtures:
             item.add_marker(pytest.mark.pipeline)
+        for fixture in SHARED_ON_ONE_WORKER:
+            if fixture in fixtures:
+                item.add_marker(pytest.mark.xdist_group(fixture))
+                break
 
 
 @pytest.fixture(scope="module")
