@@ -39,11 +39,11 @@ browser:
 	  fi; \
 	fi
 
-# --keep-going: a run the collapse guard stops (at the tiny preset the ELECTRA family's, docs/reproducing.md) skips
-# only its own later stages; the report is built anyway and names it, and make still exits with the failure.
+# The flow's stages without Prefect: cheapest run first (the control), the report rebuilt after each run, the time
+# left after each stage. A run the collapse guard stops (docs/reproducing.md) skips only its own later stages; the
+# report is built anyway and names it, and make still exits with the failure. A stop (Ctrl-C) resumes on the next call.
 repro: setup
-	dvc repro --keep-going $$(python flows/reproduce.py --tables $(HEADLINE) --targets); status=$$?; \
-	dvc repro --single-item report && exit $$status
+	python flows/reproduce.py --tables $(HEADLINE) --no-prefect
 
 repro-all: setup
 	dvc repro

@@ -4,6 +4,7 @@
     python flows/reproduce.py --tables coco-lm/table1             # one table: its runs, then the report
     python flows/reproduce.py --preset small --runs cocolm        # another preset, in its own workspace
     python flows/reproduce.py --tables teams/table4 --targets     # print the DVC targets, run nothing
+    python flows/reproduce.py --tables coco-lm/table1 --no-prefect  # the same stages without Prefect (make repro)
 
 What it does, in order (docs/operations.md explains each choice):
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
@@ -45,7 +47,9 @@ from workspace import (
     dvc_repro,
     make_plan,
     mlflow_experiment,
+    outcome,
     prepare_workspace,
+    reproduce_locally,
     stage_env,
     targets,
     workspace_lock,
@@ -65,7 +69,25 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"the project root (default: the checkout holding flows/; another one must be listed in ${PROJECTS_ENV})",
     )
     parser.add_argument("--targets", action="store_true", help="print the DVC targets and run nothing")
+    parser.add_argument(
+        "--no-prefect",
+        action="store_true",
+        help="run the same stages without Prefect, a report after each run and the time left (`make repro`)",
+    )
     return parser.parse_args(argv)
+
+
+def run_without_prefect(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    log = logging.getLogger("reproduce")
+    try:
+        plan = make_plan(allowed_project(args.project), args.preset, args.tables, args.runs)
+        failed = reproduce_locally(plan, log)
+    except (ConfigError, StageFailed) as e:
+        fail(e)
+    if failed:
+        print(f"error: failed: {', '.join(failed)} (the report names them; their logs are above)", file=sys.stderr)
+        sys.exit(1)
 
 
 def print_targets(args: argparse.Namespace) -> None:
@@ -88,6 +110,9 @@ if __name__ == "__main__":
         except ConfigError as e:
             fail(e)
         sys.exit(0)
+    if ARGS.no_prefect:
+        run_without_prefect(ARGS)
+        sys.exit(0)
 
 from prefect import flow, get_run_logger, task  # noqa: E402  (after `--targets`, above)
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
@@ -97,14 +122,6 @@ from prefect.runtime import flow_run  # noqa: E402
 # ------------------------------------------------------------------------------------------------
 # One task per DVC stage
 # ------------------------------------------------------------------------------------------------
-
-
-def outcome(target: str, output: str) -> str:
-    if f"Running stage '{target}'" in output:
-        return "ran"
-    if f"Stage '{target}' is cached" in output:
-        return "restored from the run cache"
-    return "up to date"
 
 
 @task(name="dvc-repro", task_run_name="{target}", cache_policy=NONE)

@@ -1,9 +1,10 @@
 """Where and how the reproduce flow runs DVC: the plan (checked before any work), the workspace (the project,
 or a copy for another preset), its locks, and `dvc repro` as a subprocess whose output streams into a log.
 
-Nothing here imports Prefect: flows/reproduce.py wraps these in Prefect tasks, and its `--targets` answers
-from make_plan and targets alone. The library (src/electralab) knows nothing about DVC; here the flow meets
-it. docs/operations.md explains the choices.
+Nothing here imports Prefect: flows/reproduce.py wraps these in Prefect tasks, its `--targets` answers from
+make_plan and targets alone, and its `--no-prefect` (`make repro`) runs them through reproduce_locally. The
+library (src/electralab) knows nothing about DVC; here the flow meets it. docs/operations.md explains the
+choices.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import shutil
 import subprocess
 import sys
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from logging import Logger, LoggerAdapter
 from pathlib import Path
 
 from electralab.config import PRESETS, load_params, parse_params
 from electralab.errors import ConfigError
-from electralab.runs import TABLES, check_run, resolve_all, run_specs, runs_for_tables, with_producers
+from electralab.runs import TABLES, cheapest_first, check_run, resolve_all, runs_for_tables
 
 PROJECT = Path(__file__).resolve().parents[1]
 WORKSPACES = Path(".electralab") / "workspaces"  # under the project; ignored by git and DVC
@@ -42,8 +43,9 @@ Log = Logger | LoggerAdapter  # Prefect's run logger is a LoggerAdapter
 class Plan:
     project: Path
     preset: str
-    runs: tuple[str, ...]  # dependencies first
+    runs: tuple[str, ...]  # cheapest first, dependencies before the runs that read them
     in_place: bool  # params.yaml's own preset: run in the project itself
+    costs: tuple[float, ...] = ()  # each run's electralab.runs.training_cost (relative), for the ETA
 
     @property
     def workspace(self) -> Path:
@@ -95,9 +97,8 @@ def make_plan(
         wanted = list(params.runs)
     else:
         wanted = runs_for_tables(params, list(tables or [])) + list(runs or [])
-    return Plan(
-        project, chosen_preset, tuple(with_producers(run_specs(params), wanted)), in_place=chosen_preset == active
-    )
+    ordered = cheapest_first(params, wanted)  # the control's and the small runs' rows come early
+    return Plan(project, chosen_preset, tuple(ordered), chosen_preset == active, tuple(ordered.values()))
 
 
 def targets(runs: tuple[str, ...]) -> list[str]:
@@ -259,3 +260,115 @@ def mlflow_experiment(plan: Plan, env: dict[str, str], log: Log) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"could not open the MLflow experiment of preset {plan.preset}:\n{proc.stderr[-2000:]}")
     return proc.stdout.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------------
+# Without Prefect (`make repro`): the same stages in the same order, a report after each row, the time left
+# ------------------------------------------------------------------------------------------------
+
+
+def outcome(target: str, output: str) -> str:
+    """What `dvc repro <target>` did, from its output."""
+    if f"Running stage '{target}'" in output:
+        return "ran"
+    if f"Stage '{target}' is cached" in output:
+        return "restored from the run cache"
+    return "up to date"
+
+
+class Pace:
+    """The time the rest of a plan will take at this machine's pace so far: pretraining's seconds per unit of
+    training_cost (a run's tokens x weights), and the mean seconds of each other kind of stage that ran."""
+
+    def __init__(self, plan: Plan):
+        self.cost = dict(zip(plan.runs, plan.costs))
+        self.pretrained = [0.0, 0.0]  # seconds, cost of the pretraining stages that ran
+        self.seconds: dict[str, list[float]] = defaultdict(list)
+
+    def record(self, target: str, result: str, seconds: float) -> None:
+        kind, _, run = target.partition("@")
+        if result != "ran":
+            return
+        if kind == "pretrain" and self.cost.get(run):
+            self.pretrained[0] += seconds
+            self.pretrained[1] += self.cost[run]
+        elif kind != "pretrain":
+            self.seconds[kind].append(seconds)
+
+    def left(self, stages: list[str]) -> float | None:
+        """Seconds for `stages`, or None until every kind among them has been measured once."""
+        total = 0.0
+        for target in stages:
+            kind, _, run = target.partition("@")
+            if kind == "pretrain":
+                if self.cost.get(run):
+                    if not self.pretrained[1]:
+                        return None
+                    total += self.cost[run] * self.pretrained[0] / self.pretrained[1]
+            elif kind in ("finetune", "export", "report"):
+                if not self.seconds[kind]:
+                    return None
+                total += sum(self.seconds[kind]) / len(self.seconds[kind])
+        return total
+
+
+def duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{max(minutes, 1)} min"
+
+
+def reproduce_locally(plan: Plan, log: Log) -> list[str]:
+    """The plan's stages through DVC in the flow's order, without Prefect (`make repro`): the report rebuilt
+    after each run whose stages ran, so the first rows (cheapest first: the control's) can be read early; one
+    line after each stage with what is left and the time it will take at the pace so far. A failed stage of a
+    run skips that run's later stages and the others go on, as `dvc repro --keep-going` would; a failed data
+    stage stops everything. Returns the failed stages."""
+    env = stage_env(plan)
+    lock = workspace_lock(plan, log)
+    failed: list[str] = []
+    pace = Pace(plan)
+    planned = [t for t in targets(plan.runs) if t != "report"]
+
+    def repro(target: str) -> str:
+        started = time.monotonic()
+        try:
+            result = outcome(target, dvc_repro(plan.workspace, target, env, log, single=target == "report"))
+        except StageFailed as e:
+            if "@" not in target and target != "report":
+                raise  # corpus or shards: nothing after them can run
+            log.error("error: %s", str(e).splitlines()[0])
+            failed.append(target)
+            result = "failed"
+        pace.record(target, result, time.monotonic() - started)
+        return result
+
+    try:
+        prepare_workspace(plan, env, log)
+        log.info("reproduce %s: %d runs, cheapest first: %s", plan.preset, len(plan.runs), ", ".join(plan.runs))
+        reported, changed = False, False
+        for i, target in enumerate(planned):
+            run = target.partition("@")[2]
+            if any(f.endswith(f"@{run}") for f in failed):
+                result = "skipped (an earlier stage of the run failed)"
+            else:
+                result = repro(target)
+                changed |= result == "ran"
+            if target.startswith("export@") and changed:  # a row is done: the report shows it
+                repro("report")
+                reported, changed = True, False
+            rest = planned[i + 1 :]
+            runs_left = list(dict.fromkeys(t.partition("@")[2] for t in rest if "@" in t))
+            seconds = pace.left(rest + ["report"] * (len(runs_left) + 1))
+            eta = (
+                f"about {duration(seconds)} more at this machine's pace so far"
+                if seconds is not None
+                else "the time left shows once a pretraining and a fine-tuning have run here"
+            )
+            stages = f"{len(rest)} stage{'s' * (len(rest) != 1)}"
+            left = f"{stages} left ({', '.join(runs_left)}), {eta}" if rest else "every stage done"
+            log.info("reproduce: [%d/%d] %s: %s; %s", i + 1, len(planned), target, result, left)
+        if not reported or changed:
+            repro("report")
+    finally:
+        lock.close()
+    return failed

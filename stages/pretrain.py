@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
-from electralab.cli import run_stage
+from electralab.cli import STOP, run_stage
 from electralab.config import Params
 from electralab.data import read_manifest
 from electralab.data.shards import read_shards_manifest
 from electralab.data.vocab import TOKENIZER_FILE
+from electralab.errors import Stopped
 from electralab.io import write_json
 from electralab.runs import check_run, resolve_all
 
@@ -46,7 +48,11 @@ def main(params: Params, args) -> None:
     else:
         from electralab.train.loop import pretrain
 
-        summary = pretrain(run, args.shards, args.out, args.checkpoints, vocab_dir=args.vocab)
+        # A stop signal ends the run after its current step, checkpointed (electralab.cli: STOP).
+        summary = pretrain(run, args.shards, args.out, args.checkpoints, vocab_dir=args.vocab, stop=STOP.requested)
+        if summary.get("paused"):
+            name = signal.Signals(STOP.signum).name
+            raise Stopped(f"stopped by {name} at step {summary['steps']} of {run.pretrain.steps}", STOP.signum)
     # mlflow_run_id: which MLflow run these outputs are; the report reads only the runs the workspace names.
     write_json(args.metrics, {k: v for k, v in summary.items() if isinstance(v, (int, float)) or k == "mlflow_run_id"})
     # Last: until here a kill resumes from the final checkpoint instead of training again from step 0.

@@ -10,6 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Under `make test`'s two workers (pytest-xdist) each worker, and every stage it starts, trains on one thread: two
+# workers of two threads each on 2 cores oversubscribe them, and OpenMP's spinning threads then slow every step many
+# times over. A value the caller set wins; tests that check the thread count set their own.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("ELECTRALAB_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Fail fast instead of waiting on the unreachable hub (datasets reads these at import).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -22,8 +22,8 @@ from conftest import ROOT, mirror_root
 from project_helpers import BIN, copy_project, env_for, run, shrink
 
 ABLATION = "teams/table4"  # its 4 runs and its control, at the ablation budget
-# in the registry's order (the flow runs them so)
-ABLATION_RUNS = ["electra_ablation", "teams_ablation", "control_ablation", "teams_full_tie", "teams_no_tie"]
+# cheapest first at MINI sizes, as the flow runs them (electralab.runs.cheapest_first)
+ABLATION_RUNS = ["control_ablation", "teams_full_tie", "electra_ablation", "teams_ablation", "teams_no_tie"]
 FLOW_TIMEOUT = 600
 
 

@@ -7,8 +7,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -325,6 +330,50 @@ def test_a_killed_grids_parent_is_resumed_or_closed_killed_not_left_running(tmp_
     assert replacement != changed and client.get_run(changed).info.status == "KILLED"
     assert "inputs changed" in client.get_run(changed).data.tags["error"]
     assert {client.get_run(r).info.status for r in (same, replacement)} == {"RUNNING"}
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_stage_in_one_line_its_parents_killed_and_the_rerun_keeps_the_finished_trials(
+    tmp_path, models
+):
+    """SIGINT (Ctrl-C) once a trial has finished: the stage's own handler, not Tune's (which would end the grid
+    early and report it as failed trials), so one line, status 130, every open parent KILLED, no metrics; the
+    same command again trains only the trials that had not finished."""
+    from mlflow import MlflowClient
+
+    root = make_project(tmp_path, models, "mlm", tasks=["rte"], few_shot_tasks=[], efficiency_tasks=[])
+    db = tmp_path / "mlflow.db"
+    env = {
+        **os.environ,
+        "DVC_ROOT": str(root),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{db}",
+        "ELECTRALAB_DATA": str(mirror_root()),
+        "PYTHONPATH": str(ROOT / "src"),
+    }
+    command = [sys.executable, str(ROOT / "stages" / "finetune.py"), *argv(root, "mlm")]
+    stage = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = root / "checkpoints" / "finetune" / "mlm" / "results"
+    deadline = time.monotonic() + 300
+    while not (results.is_dir() and any(results.rglob("*.json"))):  # a trial has finished
+        assert stage.poll() is None and time.monotonic() < deadline, stage.stderr.read()[-3000:]
+        time.sleep(0.05)
+    stage.send_signal(signal.SIGINT)
+    stdout, stderr = stage.communicate(timeout=120)
+    assert stage.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert "finetune@mlm: stopped by SIGINT; run the same command again (`dvc repro`, `make repro`)" in stderr
+    assert not (root / "metrics").exists()
+    client = MlflowClient(f"sqlite:///{db}")
+    parents = client.search_runs(
+        [client.get_experiment_by_name("electralab-tiny").experiment_id], "tags.stage = 'finetune'"
+    )
+    statuses = {r.info.status for r in parents if not r.data.tags.get("mlflow.parentRunId")}
+    assert statuses == {"KILLED"}, statuses
+    kept = len(list(results.rglob("*.json")))
+
+    again = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = re.search(r"finetune mlm: (\d+) trials \((\d+) from an earlier run\)", again.stdout)
+    assert resumed and int(resumed.group(1)) == 10 and int(resumed.group(2)) >= kept >= 1, again.stdout[-3000:]
 
 
 def test_a_grid_resumed_after_the_library_changed_starts_over(tmp_path, models, env, monkeypatch):

@@ -71,6 +71,10 @@ def test_plan_puts_producers_first_and_every_target_is_a_stage_of_dvc_yaml():
     assert len(every.runs) == len(yaml.safe_load((ROOT / "params.yaml").read_text())["runs"])
     other = make_plan(ROOT, preset="small", runs=["mlm"])
     assert not other.in_place and other.workspace == ROOT / ".electralab" / "workspaces" / "small"
+    # Cheapest first: the control (which trains nothing), then by tokens x weights; ties in the registry's order.
+    headline = make_plan(ROOT, tables=["coco-lm/table1", "amos/table1", "teams/table1"])
+    assert headline.runs == ("control", "mlm", "electra", "cocolm", "teams", "amos")
+    assert headline.costs[0] == 0 and list(headline.costs) == sorted(headline.costs)
 
     assert targets(("cocolm", "cocolm_no_copy")) == [
         "corpus",
@@ -96,10 +100,11 @@ def test_plan_puts_producers_first_and_every_target_is_a_stage_of_dvc_yaml():
     assert set(targets(every.runs)) <= names, set(targets(every.runs)) - names
 
 
-def test_targets_print_without_prefect(tmp_path):
-    """The README's first look (`dvc repro $(python flows/reproduce.py --tables ... --targets)`) needs no
-    Prefect: the command runs with any import of prefect refused."""
-    (tmp_path / "sitecustomize.py").write_text(
+def refusing_prefect(tmp_path: Path) -> str:
+    """A directory for PYTHONPATH whose sitecustomize refuses any import of prefect."""
+    where = tmp_path / "no-prefect"
+    where.mkdir()
+    (where / "sitecustomize.py").write_text(
         "import sys\n"
         "class NoPrefect:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
@@ -108,7 +113,13 @@ def test_targets_print_without_prefect(tmp_path):
         "sys.meta_path.insert(0, NoPrefect())\n",
         encoding="utf-8",
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}
+    return str(where)
+
+
+def test_targets_print_without_prefect(tmp_path):
+    """`python flows/reproduce.py --tables ... --targets` needs no Prefect: the command runs with any import of
+    prefect refused."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([refusing_prefect(tmp_path), str(ROOT / "src")])}
     refused = subprocess.run(
         [sys.executable, "-c", "import prefect"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
@@ -385,51 +396,43 @@ def check_export(project: Path, run: str, pretrain_run_id: str) -> None:
     assert re.search(r"\| RTE \| \d+\.\d \|", card) and "| MNLI-m | — (not fine-tuned) |" in card, card
 
 
-def test_one_table_through_dvc_repro_then_the_flow_agrees_and_prefect_never_caches_a_stage(tmp_path, prefect_api):
+def test_make_repro_needs_no_prefect_runs_cheapest_first_reports_each_row_then_the_flow_agrees(tmp_path, prefect_api):
+    """`make repro`'s path (flows/reproduce.py --no-prefect) on two rows of COCO-LM Table 1: no Prefect imported,
+    the control first, the report after each row, a line after each stage with the time left; then the flow
+    finds nothing to do but the report, and re-runs exactly the stages of a changed run (Prefect never answers
+    from its cache)."""
     project = make_project(tmp_path / "project")
     env = flow_env(project, prefect_api, tmp_path / "mlflow.db")
-    targets = subprocess.run(
-        reproduce_cmd("--tables", "coco-lm/table1", "--targets"),
+    local = {**env, "PYTHONPATH": os.pathsep.join([refusing_prefect(tmp_path), env["PYTHONPATH"]])}
+    made = subprocess.run(
+        reproduce_cmd("--runs", "cocolm", "control", "--no-prefect"),
         cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    runs = [f"{s}@{r}" for r in ("control", "mlm", "electra", "cocolm") for s in ("pretrain", "finetune", "export")]
-    assert targets.stdout.split() == ["corpus", "shards", *runs], targets.stderr
-    proc = subprocess.run(
-        [str(BIN / "dvc"), "repro", *targets.stdout.split()],
-        cwd=project,
-        env=env,
+        env=local,
         capture_output=True,
         text=True,
         timeout=FLOW_TIMEOUT,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert ran(proc.stdout)[:3] == ["corpus", "vocab", "shards"]  # then the runs, in an order DVC picks
-    assert sorted(ran(proc.stdout)[3:]) == sorted(runs)
-    report = subprocess.run(
-        [str(BIN / "dvc"), "repro", "--single-item", "report"],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=FLOW_TIMEOUT,
-    )  # docs/operations.md's quick look
-    assert report.returncode == 0 and ran(report.stdout) == ["report"], report.stdout[-3000:] + report.stderr[-3000:]
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    runs = [f"{s}@{r}" for r in ("control", "cocolm") for s in ("pretrain", "finetune", "export")]
+    assert ran(made.stdout) == ["corpus", "vocab", "shards", *runs[:3], "report", *runs[3:], "report"]
+    progress = re.findall(r"^reproduce: \[\d+/8\] (\S+): (\S+); (.*)$", made.stdout, re.M)
+    assert [stage for stage, _, _ in progress] == ["corpus", "shards", *runs], made.stdout[-3000:]
+    assert {result for _, result, _ in progress} == {"ran"}
+    assert "the time left shows once a pretraining and a fine-tuning have run here" in progress[2][2]
+    assert re.fullmatch(r"2 stages left \(cocolm\), about \d+ min more at this machine's pace so far", progress[5][2])
+    assert progress[-1][2] == "every stage done"
     table1 = (project / "reports" / "tables" / "coco-lm_table1.md").read_text()
     rows = [line for line in table1.splitlines() if "| `cocolm` |" in line]
     assert "tiny preset" in table1 and len(rows) == 1 and re.search(r"\d+\.\d ±", rows[0]), table1
 
-    again = flow(project, env, "--tables", "coco-lm/table1")  # DVC's state: nothing to do but the report
+    again = flow(project, env, "--runs", "cocolm", "control")  # DVC's state: nothing to do but the report
     assert again.returncode == 0, again.stderr[-3000:]
     assert ran(again.stdout + again.stderr) == ["report"]  # always_changed: it reads MLflow, which DVC cannot hash
 
     # Same flow, same task inputs, one changed run setting: DVC re-runs exactly that stage, and Prefect does not
     # answer from its input cache.
     set_param(project, "runs.cocolm.settings", {"crop_fraction": 0.85})
-    changed = flow(project, env, "--tables", "coco-lm/table1")
+    changed = flow(project, env, "--runs", "cocolm", "control")
     assert changed.returncode == 0, changed.stderr[-3000:]
     assert ran(changed.stdout + changed.stderr) == ["pretrain@cocolm", "finetune@cocolm", "export@cocolm", "report"]
 

@@ -353,6 +353,47 @@ def test_a_second_direct_run_of_a_running_stage_stops_at_once_naming_the_first(p
     assert json.loads((project / "metrics" / "pretrain" / "mlm.json").read_text())["steps"] == 200
 
 
+@pytest.mark.slow
+def test_a_stop_signal_checkpoints_the_step_says_so_in_one_line_and_the_next_run_goes_on_from_it(project, tmp_path):
+    """kill/timeout/systemd (SIGTERM) mid-run: the step finishes and is checkpointed, one line and no traceback,
+    the shell's status for the signal, the MLflow run KILLED; the same command goes on from there in the same
+    MLflow run, no step logged twice. (Ctrl-C's SIGINT takes the same path: tests/test_cli.py.)"""
+    signum = signal.SIGTERM
+    env = mlflow_env(project, tmp_path / "mlflow.db")
+    longer = yaml.safe_load((project / "params.yaml").read_text())
+    longer["presets"]["tiny"]["pretrain"].update(steps=40, checkpoint_every=4)
+    (tmp_path / "longer.yaml").write_text(yaml.safe_dump(longer))
+    for path in ("checkpoints", "models", "metrics"):
+        shutil.rmtree(project / path, ignore_errors=True)
+    command = [sys.executable, *stage_args("pretrain", "mlm"), "--params", str(tmp_path / "longer.yaml")]
+    first = subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (project / "checkpoints" / "mlm" / "state.pt").exists():  # steps under way
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-3000:]
+        time.sleep(0.02)
+    first.send_signal(signum)
+    stdout, stderr = first.communicate(timeout=120)
+    assert first.returncode == 128 + signum and "Traceback" not in stderr, stderr[-3000:]
+    name = signal.Signals(signum).name
+    stopped = re.search(
+        rf"^pretrain@mlm: stopped by {name} at step (\d+) of 40; run the same command again", stderr, re.M
+    )
+    assert stopped, stderr[-3000:]
+    step = int(stopped.group(1))
+    assert 0 < step < 40 and f"paused at step {step} of 40" in stdout
+    assert torch.load(project / "checkpoints" / "mlm" / "state.pt", weights_only=False)["step"] == step
+    assert not (project / "models" / "mlm").exists() and not (project / "metrics" / "pretrain" / "mlm.json").exists()
+    killed = only_run(mlflow_client(tmp_path / "mlflow.db"), "mlm")
+    assert killed.info.status == "KILLED" and killed.data.tags["paused_at_step"] == str(step)
+
+    again = run(command, project, env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    finished = only_run(mlflow_client(tmp_path / "mlflow.db"), "mlm")
+    assert finished.info.run_id == killed.info.run_id and finished.info.status == "FINISHED"
+    steps = [m.step for m in mlflow_client(tmp_path / "mlflow.db").get_metric_history(finished.info.run_id, "loss")]
+    assert sorted(steps) == list(range(1, 41))
+
+
 def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp_path):
     from electralab.io import fingerprint
     from electralab.runs import resolve_run
@@ -610,3 +651,30 @@ def test_the_control_exports_the_encoder_every_method_starts_from_and_takes_no_s
     assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), fresh.state_dict().values()))
     run_ = only_run(mlflow_client(tracking), "control")
     assert run_.info.status == "FINISHED" and run_.data.tags["method"] == "none"
+
+
+def test_mlflows_metric_writer_is_buffered_unless_the_user_set_it_and_a_flush_writes_every_metric(
+    tmp_path, monkeypatch
+):
+    """MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS=1 (docs/operations.md): the writer wakes when a run ends instead of
+    waiting out its queue poll; metrics logged asynchronously are all in the store after the flush."""
+    import mlflow
+
+    from electralab import tracking
+
+    before = mlflow.get_tracking_uri()
+    try:
+        monkeypatch.setenv("MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS", "5")
+        tracking.mlflow_module(f"sqlite:///{tmp_path / 'user.db'}")
+        assert os.environ["MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"] == "5"  # the user's own setting wins
+        monkeypatch.delenv("MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS")
+        tracking.mlflow_module(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        assert os.environ["MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"] == "1"
+        with mlflow.start_run() as active:
+            for step in range(1, 21):
+                mlflow.log_metrics({"loss": 1.0 / step}, step=step, synchronous=False)
+            mlflow.flush_async_logging()
+        history = mlflow.MlflowClient().get_metric_history(active.info.run_id, "loss")
+        assert sorted(m.step for m in history) == list(range(1, 21))
+    finally:
+        mlflow.set_tracking_uri(before)

@@ -19,6 +19,12 @@ Expected errors (bad configuration, bad input data, a diverged run, the same sta
 print `error: <message>` on stderr and exit with status 2, without a traceback; anything else is a bug
 and keeps its traceback.
 
+A stop signal ends a stage with one line and no traceback: SIGTERM (`kill`, `timeout`, systemd, a container's
+stop) and SIGINT (Ctrl-C). A stage that polls `STOP.requested()` (pretraining, after every step) finishes the
+step, checkpoints it and says which step the next run resumes from; any other stage stops where it is, keeping
+only what it finished (every output is written whole or not at all). A second signal stops at once. The exit
+status is the shell's for the signal (128 + its number), so DVC records nothing and `dvc repro` runs it again.
+
 A stage holds a lock for its whole run (.electralab/locks/stage-<name>[@<run>].lock): DVC guards a stage's
 outputs against a second `dvc repro`, but two direct runs of one stage script would write the same
 outputs and scratch directory under each other; the second one stops at once, naming the first.
@@ -38,14 +44,16 @@ import fcntl
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
 from electralab.config import Params, load_params
 from electralab.env import repo_root
-from electralab.errors import EXIT_BAD_INPUT, EXPECTED_ERRORS, StageBusy
+from electralab.errors import EXIT_BAD_INPUT, EXPECTED_ERRORS, StageBusy, Stopped
 
 THREADS_ENV, VERBOSE_ENV = "ELECTRALAB_THREADS", "ELECTRALAB_VERBOSE"
 # Library loggers whose INFO lines drown a stage's own output, and the level they get unless verbose.
@@ -86,6 +94,41 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(level)
 
 
+class StopSignals:
+    """SIGTERM and SIGINT for a stage (see the module docstring): the first one raises Stopped where the stage
+    is, unless the stage polls `requested()`, which then answers True at its next poll."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.polled = False
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handlers for the stage's run; the process's own ones again after it (a stage run in-process)."""
+        self.signum, self.polled = None, False
+        if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+            yield
+            return
+        before = {signum: signal.signal(signum, self._received) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
+
+    def requested(self) -> bool:
+        self.polled = True
+        return self.signum is not None
+
+    def _received(self, signum: int, frame) -> None:
+        first, self.signum = self.signum is None, signum
+        if not (first and self.polled):
+            raise Stopped(f"stopped by {signal.Signals(signum).name}", signum)
+
+
+STOP = StopSignals()
+
+
 def run_stage(
     name: str,
     body: Callable[[Params, argparse.Namespace], None],
@@ -101,12 +144,16 @@ def run_stage(
     args = parser.parse_args(argv)
     set_threads()
     quiet_libraries()
+    stage = name + (f"@{args.run}" if getattr(args, "run", None) else "")
     try:
-        with stage_lock(name + (f"@{args.run}" if getattr(args, "run", None) else "")):
+        with STOP.installed(), stage_lock(stage):
             body(load_params(args.params), args)
     except EXPECTED_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    except Stopped as e:
+        print(f"{stage}: {e}; run the same command again (`dvc repro`, `make repro`) to go on", file=sys.stderr)
+        sys.exit(128 + e.signum)
 
 
 @contextmanager

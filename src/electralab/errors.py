@@ -31,5 +31,14 @@ class StageBusy(RuntimeError):
     """The same stage (and run) is already running in this project: the message names it and its process."""
 
 
+class Stopped(BaseException):
+    """A stop signal (SIGTERM, SIGINT) ended the stage: a BaseException, as KeyboardInterrupt is, so that no
+    `except Exception` takes it for a failure. The message says where the next run resumes."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
 EXPECTED_ERRORS = (ConfigError, DataError, TrainingFailed, TrialsFailed, StageBusy)
 EXIT_BAD_INPUT = 2  # a stage's exit status on an expected error: a retry cannot fix it

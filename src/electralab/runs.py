@@ -178,6 +178,35 @@ def runs_for_tables(params: Params, tables: list[str]) -> list[str]:
     return with_producers(specs, [name for name in specs if set(tables_of(name)) & set(tables)])
 
 
+def training_cost(run: ResolvedRun, vocab_size: int) -> float:
+    """A run's pretraining compute up to a constant factor, to order runs cheapest-first (bench/ measures the
+    real thing): tokens x the weights of its matrix products (main model, auxiliary, heads), as FLOPs grow
+    (6 N a token); the sequence length is the preset's, the same for every run. The control trains nothing: 0."""
+    from torch import nn
+
+    from electralab.objectives import build_objective
+
+    objective = build_objective(run.method, run.settings, run.model, run.generators, vocab_size)
+    if not objective.trains:
+        return 0.0
+    weights = sum(m.weight.numel() for m in objective.modules() if isinstance(m, nn.Linear))
+    return float(run.pretrain.steps * run.pretrain.batch_size * weights)
+
+
+def cheapest_first(params: Params, names: list[str]) -> dict[str, float]:
+    """`names` and the runs they read, cheapest training first (a producer still before its readers; ties keep
+    the registry's order), each with its training_cost: a long command gives its first rows, the control's
+    among them, early, and can tell how long the rest will take from the pace of the first."""
+    specs, runs = run_specs(params), resolve_all(params)
+    names = with_producers(specs, names)
+    # A run that reads another's output is built from it (so not before it exists): its producer's cost stands
+    # for its own (the same shape and budget, one setting apart).
+    cost = {
+        name: training_cost(runs[producer_of(specs[name].reads) or name], params.active.vocab.size) for name in names
+    }
+    return {name: cost[name] for name in with_producers(specs, sorted(names, key=cost.__getitem__))}
+
+
 def with_producers(specs: dict[str, RunSpec], names: list[str]) -> list[str]:
     """`names` and the runs whose outputs they read (runs.<run>.reads), producers first, no repeats."""
     ordered: list[str] = []
@@ -199,6 +228,8 @@ __all__ = [
     "RunSpec",
     "ResolvedRun",
     "producer_of",
+    "cheapest_first",
+    "training_cost",
     "resolve_run",
     "resolve_all",
     "run_specs",

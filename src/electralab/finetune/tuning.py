@@ -46,7 +46,14 @@ from electralab.finetune.trial import run_trial
 # Tune writes a CSV/JSON/TensorBoard result log per trial and changes into a trial directory by
 # default; we need neither (results go to the ResultStore and MLflow, paths are absolute).
 # RAY_AIR_NEW_OUTPUT=0: the classic reporter, which verbose=0 silences (the stage has its own progress bar).
-TUNE_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": "0", "RAY_AIR_NEW_OUTPUT": "0"}
+# TUNE_DISABLE_SIGINT_HANDLER=1: Ctrl-C stops the stage as SIGTERM does (electralab.cli), instead of Tune ending the
+# grid early and the stage reporting its unfinished trials as a failure.
+TUNE_ENV = {
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+    "RAY_CHDIR_TO_TRIAL_DIR": "0",
+    "RAY_AIR_NEW_OUTPUT": "0",
+    "TUNE_DISABLE_SIGINT_HANDLER": "1",
+}
 
 
 def local_cpus(resources: TrialResources) -> int:

@@ -220,6 +220,8 @@ def pretrain(
             if pause:  # the unlogged window's seconds still count towards the run's hours
                 elapsed += time.perf_counter() - window_start
             if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps or pause):
+                if tracker:
+                    tracker.flush()  # the steps this checkpoint covers are in the store before it exists
                 checkpointer.save(
                     {
                         "model": objective.state_dict(),

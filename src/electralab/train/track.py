@@ -63,6 +63,11 @@ class Tracker:
         """Queued to MLflow's background writer: the training step does not wait on the store."""
         self.mlflow.log_metrics(tracking.finite_metrics(metrics), step=step, run_id=self.run_id, synchronous=False)
 
+    def flush(self) -> None:
+        """Every metric queued so far written to the store: called before a checkpoint, so that a kill after it
+        loses none of the steps it covers (the writer batches once a second, MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS)."""
+        self.mlflow.flush_async_logging()
+
     def fail(self, error: BaseException) -> None:
         self.mlflow.flush_async_logging()
         status = "FAILED" if isinstance(error, Exception) else "KILLED"
@@ -109,6 +114,9 @@ class FileTracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.client.log_metrics(self.run_id, tracking.finite_metrics(metrics), step)
+
+    def flush(self) -> None:
+        """Nothing to do: the run log writes each record as it comes."""
 
     def fail(self, error: BaseException) -> None:
         self.client.set_tag(self.run_id, "error", f"{type(error).__name__}: {error}"[:5000])

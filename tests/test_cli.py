@@ -1,0 +1,68 @@
+"""The stage entry point (electralab.cli.run_stage) on stop signals, in-process: one line, the shell's exit
+status, no traceback; a stage that polls finishes its step first; the process's own handlers come back."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from conftest import ROOT
+
+from electralab.cli import STOP, run_stage
+
+
+def stage_that(action):
+    def body(params, args):
+        action()
+
+    return body
+
+
+def run(body, tmp_path, monkeypatch) -> SystemExit | None:
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # the stage lock goes under tmp_path/.electralab
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    (tmp_path / "params.yaml").write_bytes((ROOT / "params.yaml").read_bytes())
+    try:
+        run_stage("demo", body, argv=["--params", str(tmp_path / "params.yaml")])
+    except SystemExit as e:
+        return e
+    return None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_a_stage_where_it_is_with_one_line_and_128_plus_its_number(
+    signum, tmp_path, monkeypatch, capsys
+):
+    reached = []
+
+    def work():
+        os.kill(os.getpid(), signum)
+        reached.append("after the signal")  # never: the stage does not poll, so it stops where it is
+
+    exited = run(stage_that(work), tmp_path, monkeypatch)
+    assert exited is not None and exited.code == 128 + signum and not reached
+    err = capsys.readouterr().err
+    name = signal.Signals(signum).name
+    assert err == f"demo: stopped by {name}; run the same command again (`dvc repro`, `make repro`) to go on\n"
+
+
+def test_a_stage_that_polls_finishes_its_step_and_a_second_signal_stops_it_at_once(tmp_path, monkeypatch):
+    steps = []
+
+    def work():
+        assert not STOP.requested()  # polling from here on
+        os.kill(os.getpid(), signal.SIGTERM)
+        steps.append(1)  # the step goes on
+        assert STOP.requested() and STOP.signum == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one: at once
+        steps.append(2)
+
+    exited = run(stage_that(work), tmp_path, monkeypatch)
+    assert exited is not None and exited.code == 128 + signal.SIGTERM and steps == [1]
+
+
+def test_the_processs_own_handlers_come_back_after_a_stage(tmp_path, monkeypatch):
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert run(stage_that(lambda: None), tmp_path, monkeypatch) is None
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
