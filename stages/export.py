@@ -19,7 +19,6 @@ from electralab.card import describe, model_card
 from electralab.cli import run_stage
 from electralab.config import Params
 from electralab.env import data_root
-from electralab.io import read_json
 from electralab.runs import check_run, resolve_all
 
 
@@ -34,7 +33,7 @@ def main(params: Params, args) -> None:
     summary = read_manifest(args.model / "summary.json", f"pretrain@{run.name}")
     encoder = load_encoder(args.model / "encoder")
     finetune = params.active.finetune
-    scores = read_json(args.scores) if args.scores.exists() else {}
+    scores = read_manifest(args.scores, f"finetune@{run.name}") if args.scores.exists() else {}
     card = model_card(
         run,
         describe(params.preset, params.active, mirror=data_root() is not None),

@@ -246,3 +246,20 @@ def test_a_relative_data_mirror_is_the_projects_under_dvc_also_in_a_temporary_ex
     monkeypatch.setenv("ELECTRALAB_DATA", "../nowhere")
     with pytest.raises(ConfigError, match=r"ELECTRALAB_DATA='../nowhere'"):
         data_root()
+
+
+def test_params_yaml_is_in_the_layout_dvc_writes_so_one_set_changes_one_line(tmp_path):
+    """`dvc exp run -S key=value` rewrites params.yaml through DVC's own YAML round trip: in that layout already,
+    the file changes in the one line set (not in every flow mapping DVC would wrap and every string it requotes).
+    After editing params.yaml by hand, restore the layout with the round trip below."""
+    from dvc.utils.serialize import modify_yaml
+
+    copy_ = tmp_path / "params.yaml"
+    copy_.write_bytes((ROOT / "params.yaml").read_bytes())
+    with modify_yaml(copy_) as data:
+        data["presets"]["tiny"]["pretrain"]["steps"] = 500
+    before = (ROOT / "params.yaml").read_text(encoding="utf-8").splitlines()
+    after = copy_.read_text(encoding="utf-8").splitlines()
+    assert len(before) == len(after)
+    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    assert len(changed) == 1 and "steps: 500" in changed[0][1], changed[:5]

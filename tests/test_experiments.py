@@ -74,6 +74,10 @@ def test_temp_and_queued_experiments_run_and_write_only_in_their_own_copy(tmp_pa
         time.sleep(2)
     assert experiment_steps(project, env) == {"short": 4, "queued": 6}
     assert snapshot(project) == before
+    # docs/operations.md's readable view: only the columns that differ, as Markdown (no terminal-width "...")
+    shown = run([DVC, "exp", "show", "--only-changed", "--md"], project, env)
+    assert shown.returncode == 0 and "presets.tiny.pretrain.steps" in shown.stdout, shown.stdout + shown.stderr
+    assert all(name in shown.stdout for name in ("short", "queued")) and "…" not in shown.stdout
 
     from mlflow import MlflowClient
 

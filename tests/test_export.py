@@ -159,3 +159,83 @@ def test_the_transformers_export_refuses_what_electras_layers_cannot_hold_and_wr
     assert str(tmp_path / "hf") in str(error.value) and not (tmp_path / "hf").exists()
     save_encoder(encoder, tmp_path / "ours")  # our own format holds it, and loads it back
     torch.testing.assert_close(load_encoder(tmp_path / "ours").state_dict(), encoder.state_dict())
+
+
+def truncated(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def resized_first_tensor(path):
+    state = torch.load(path, weights_only=True)
+    state[next(iter(state))] = torch.zeros(3, 3)
+    torch.save(state, path)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda m, s: truncated(m / "encoder" / "config.json"), "encoder/config.json: not readable JSON"),
+        (lambda m, s: (m / "encoder" / "config.json").write_text("[]"), "encoder/config.json: format='list'"),
+        (lambda m, s: truncated(m / "encoder" / "weights.pt"), "encoder/weights.pt: does not load"),
+        (lambda m, s: resized_first_tensor(m / "encoder" / "weights.pt"), "encoder/weights.pt: does not fit"),
+        (lambda m, s: s.write_text("[1, 2]"), "metrics/finetune/mlm.json: expected a JSON object, got list"),
+        (lambda m, s: truncated(s), "metrics/finetune/mlm.json: not a readable manifest"),
+    ],
+    ids=[
+        "config-truncated",
+        "config-a-list",
+        "weights-truncated",
+        "weights-wrong-shape",
+        "scores-a-list",
+        "scores-cut",
+    ],
+)
+def test_a_damaged_model_or_metrics_file_stops_the_export_in_one_line_and_writes_nothing(
+    damage, message, vocab_dir, tmp_path, monkeypatch, capsys
+):
+    import importlib.util
+
+    from conftest import ROOT
+    from project_helpers import stage_args
+    from report_helpers import tiny_encoder
+
+    from electralab.cli import run_stage
+    from electralab.io import write_json
+
+    root = tmp_path / "project"
+    model, scores = root / "models" / "mlm", root / "metrics" / "finetune" / "mlm.json"
+    save_encoder(tiny_encoder(Tokenizer(vocab_dir).vocab_size, 0), model / "encoder", vocab_dir)
+    write_json(model / "summary.json", {"steps": 8, "wall_hours": 0.1, "device_hours": 0.1, "mlflow_run_id": "r"})
+    write_json(scores, {"rte": {"accuracy": 50.0}, "missing": {}})
+    (root / "params.yaml").write_bytes((ROOT / "params.yaml").read_bytes())
+    damage(model, scores)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("DVC_ROOT", str(root))
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spec = importlib.util.spec_from_file_location("export_stage", ROOT / "stages" / "export.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    with pytest.raises(SystemExit) as exited:
+        run_stage("export", stage.main, ["--params", "params.yaml", *stage_args("export", "mlm")[1:]], stage.arguments)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err and not (root / "exports").exists()
+
+
+def test_the_model_card_says_which_tasks_ran_without_a_median_and_names_its_run():
+    from conftest import ROOT
+
+    from electralab.card import model_card
+    from electralab.config import load_params
+    from electralab.runs import resolve_run
+
+    run = resolve_run(load_params(ROOT / "params.yaml"), "mlm")
+    summary = {"steps": 8000, "wall_hours": 1.0}
+    none_yet = model_card(run, "tiny preset", summary, {}, 5, None, False)
+    assert "`dvc repro finetune@mlm`, then `dvc repro export@mlm`" in none_yet and "<run>" not in none_yet
+    scores = {"rte": {"accuracy": 55.0}, "stsb": {"pearson": None, "spearman": None}, "missing": {}}
+    card = model_card(run, "tiny preset", summary, scores, 5, None, False)
+    assert "| RTE | 55.0 |" in card
+    assert "| STS-B | — (fine-tuned; no median: a seed gave no score (docs/finetuning.md)) |" in card
+    assert "| MNLI-m | — (not fine-tuned) |" in card

@@ -408,6 +408,25 @@ def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp
     assert Checkpointer(scratch, fingerprint(run_b.as_params())).load() is None
 
 
+def test_only_the_newest_corrupt_checkpoint_is_kept_aside(tmp_path, capsys):
+    """Each restart that finds a corrupt state.pt sets it aside; the one set aside before is removed, so whole
+    checkpoints do not pile up beside the scratch directory."""
+    from electralab.train.checkpoint import Checkpointer
+
+    scratch, previous = tmp_path / "checkpoints" / "mlm", None
+    for attempt in range(3):
+        checkpointer = Checkpointer(scratch, "fp")
+        checkpointer.save({"step": 2 * attempt + 1})
+        checkpointer.save({"step": 2 * attempt + 2})
+        flip_a_byte(scratch / "state.pt")
+        assert Checkpointer(scratch, "fp").load()["step"] == 2 * attempt + 1  # the one before it
+        aside = list((tmp_path / "checkpoints").glob("mlm.*.corrupt-*"))
+        assert len(aside) == 1, aside
+        if previous is not None:
+            assert f"(replacing {previous.name})" in capsys.readouterr().err
+        previous = aside[0]
+
+
 # ---- in-process: NaN guard, accumulation, config errors ---------------------------------------------
 
 
@@ -458,6 +477,23 @@ def test_nan_loss_stops_with_the_step_keeps_the_checkpoint_and_fails_the_mlflow_
     client = mlflow_client(tracking)
     failed = client.search_runs([client.get_experiment_by_name("electralab-tiny").experiment_id])[0]
     assert failed.info.status == "FAILED" and "TrainingDiverged" in failed.data.tags["error"]
+
+
+@pytest.mark.parametrize("minutes, saved", [(0.0, [6]), (1e-9, [1, 2, 3, 4, 5, 6])])
+def test_checkpoint_minutes_adds_a_checkpoint_once_that_much_time_has_passed(
+    project, tmp_path, tracking, monkeypatch, minutes, saved
+):
+    """checkpoint_every alone (0 minutes) saves at the end of these 6 steps; a wall-clock limit that every step
+    exceeds saves after each one."""
+    from electralab.train import loop
+    from electralab.train.checkpoint import Checkpointer
+
+    steps = []
+    real_save = Checkpointer.save
+    monkeypatch.setattr(Checkpointer, "save", lambda self, state: (steps.append(state["step"]), real_save(self, state)))
+    run_ = resolved(project, "mlm", steps=6, checkpoint_every=1000, checkpoint_minutes=minutes)
+    loop.pretrain(run_, project / "data" / "shards", tmp_path / "out", tmp_path / "scratch", show_progress=False)
+    assert steps == saved
 
 
 def loss_curve(db: Path, run_name: str) -> list[float]:

@@ -48,9 +48,9 @@ def describe(preset_name: str, preset: Preset, mirror: bool) -> str:
     )
 
 
-def _glue_table(finetune: dict, seeds: int) -> list[str]:
+def _glue_table(run: str, finetune: dict, seeds: int) -> list[str]:
     if not any(task in finetune for task, _, _ in GLUE):
-        return ["Not fine-tuned yet: `dvc repro finetune@<run>`, then `dvc repro export@<run>` rewrites this card."]
+        return [f"Not fine-tuned yet: `dvc repro finetune@{run}`, then `dvc repro export@{run}` rewrites this card."]
     lines = [
         f"Dev-set medians over {seeds} fine-tuning seeds, the configuration with the best median selected per "
         "task (docs/finetuning.md), in points as the papers print them.",
@@ -61,7 +61,10 @@ def _glue_table(finetune: dict, seeds: int) -> list[str]:
     missing = finetune.get("missing", {})
     for task, metric, label in GLUE:
         value = finetune.get(task, {}).get(metric)
-        why = next((reason for key, reason in missing.items() if key.split("@")[0] == task), "not fine-tuned")
+        if task in finetune:  # fine-tuned, but the seeds' median is no number (a diverged or constant model)
+            why = "fine-tuned; no median: a seed gave no score (docs/finetuning.md)"
+        else:
+            why = next((reason for key, reason in missing.items() if key.split("@")[0] == task), "not fine-tuned")
         lines.append(f"| {label} | {value:.1f} |" if value is not None else f"| {label} | — ({why}) |")
     average = finetune.get("glue_avg")
     lines.append(
@@ -129,7 +132,7 @@ def model_card(
         "",
         "## GLUE and SQuAD 2.0 (dev)",
         "",
-        *_glue_table(finetune, seeds),
+        *_glue_table(run.name, finetune, seeds),
         "",
     ]
     if run.preset == "tiny":

@@ -302,6 +302,9 @@ class PretrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     log_every: int = bounded(10, lo=1)
     checkpoint_every: int = bounded(1000, lo=1)
+    # Also a checkpoint once this many minutes passed since the last one, so that a kill loses at most that
+    # much work whatever a step costs on this machine (0: by steps only). Training is the same either way.
+    checkpoint_minutes: float = bounded(5.0, lo=0.0)
     # Checkpoints kept at these fractions of training, with wall-clock and device hours
     # (COCO-LM Fig. 3 and AMOS Fig. 4 plot accuracy against pretraining hours).
     checkpoint_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)

@@ -28,7 +28,7 @@ from torch import nn
 from electralab import PAD_ID
 from electralab.config import EncoderConfig, build
 from electralab.data.vocab import MODEL_FILE, TOKENIZER_FILE, VOCAB_FILE
-from electralab.errors import ConfigError
+from electralab.errors import ConfigError, DataError
 from electralab.io import atomic_dir, read_json, write_json
 from electralab.model.encoder import Encoder
 
@@ -67,16 +67,35 @@ def save_encoder(encoder: Encoder, directory: str | Path, vocab_dir: str | Path 
 def load_encoder(directory: str | Path, map_location: str | torch.device = "cpu") -> Encoder:
     """The Encoder saved by save_encoder (relative-position configurations included)."""
     directory = Path(directory)
-    config_path = directory / "config.json"
+    config_path, weights = directory / "config.json", directory / "weights.pt"
     if not config_path.exists():
         raise ConfigError(f"{directory}: no config.json (not an exported electralab encoder)")
-    meta = read_json(config_path)
-    if meta.get("format") != FORMAT:
-        raise ConfigError(f"{config_path}: format={meta.get('format')!r}, expected {FORMAT!r}")
+    try:
+        meta = read_json(config_path)
+    except ValueError as e:  # truncated, overwritten, not UTF-8
+        raise DataError(f"{config_path}: not readable JSON ({e}); train its run again") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ConfigError(f"{config_path}: format={found!r}, expected {FORMAT!r}")
+    if not isinstance(meta.get("encoder"), dict) or not isinstance(meta.get("vocab_size"), int):
+        raise DataError(
+            f"{config_path}: needs `encoder` (an object) and `vocab_size` (an integer); train its run again"
+        )
     cfg = build(EncoderConfig, meta["encoder"], str(config_path))
     encoder = Encoder(cfg, nn.Embedding(meta["vocab_size"], cfg.embedding))
-    state = torch.load(directory / "weights.pt", map_location=map_location, weights_only=True)
-    encoder.load_state_dict(state)
+    try:
+        state = torch.load(weights, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise DataError(f"{weights}: no such file; train its run again") from None
+    except Exception as e:  # truncated, not a torch file, not plain tensors
+        raise DataError(f"{weights}: does not load ({type(e).__name__}: {str(e)[:200]}); train its run again") from None
+    try:
+        encoder.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as e:  # missing or unexpected keys, wrong shapes, not a dict
+        first = str(e).strip().splitlines()
+        raise DataError(
+            f"{weights}: does not fit {config_path} ({' '.join(first[:2])[:300]}); train its run again"
+        ) from None
     return encoder
 
 

@@ -47,6 +47,7 @@ def _why(
     unavailable: dict[str, str],
     finetuned: set[str],
     pretrained: set[str],
+    preset: str,
 ) -> str:
     if column.metric == GLUE_AVG:
         absent = [c.name for c in GLUE_AVG_PARTS if (run, c.task, c.metric) not in lookup]
@@ -56,14 +57,13 @@ def _why(
         return f"{column.name}: {reasons[(run, column.task)]}"
     elif column.task not in TASKS:
         return f"{column.name}: not in the fine-tuning grid (docs/finetuning.md)"
-    # One footnote for every row in the same state: the row names its run.
     if run not in finetuned and run not in pretrained:
-        return "the row's run is not trained yet: dvc repro pretrain@<run> finetune@<run>"
+        return f"run {run} is not trained yet: dvc repro pretrain@{run} finetune@{run}"
     if run not in finetuned:
-        return "the row's run is not fine-tuned yet: dvc repro finetune@<run>"
+        return f"run {run} is not fine-tuned yet: dvc repro finetune@{run}"
     if column.task in unavailable:
         return f"{column.name}: {unavailable[column.task]}"
-    return f"{column.name}: not fine-tuned on this task (presets.<preset>.finetune.tasks)"
+    return f"{column.name}: not fine-tuned on this task (presets.{preset}.finetune.tasks)"
 
 
 def explain(
@@ -91,10 +91,12 @@ def explain(
             if own and base and line.row != base:  # a difference from the base row needs that row too
                 why.append(
                     f"a difference from the {base} row, empty: "
-                    + _why(base_run, column, lookup, reasons, unavailable or {}, finetuned, pretrained)
+                    + _why(base_run, column, lookup, reasons, unavailable or {}, finetuned, pretrained, results.preset)
                 )
             else:
-                why.append(_why(line.run, column, lookup, reasons, unavailable or {}, finetuned, pretrained))
+                why.append(
+                    _why(line.run, column, lookup, reasons, unavailable or {}, finetuned, pretrained, results.preset)
+                )
     table.frame["why"] = pd.Series(why, index=table.frame.index, dtype=object)
 
 

@@ -10,7 +10,8 @@ the numbers an uninterrupted one would.
 A checkpoint is written to a temporary file, synced to the disk, its checksum recorded, and only then
 renamed over the previous one (which becomes state.prev.pt). One that does not match its checksum or
 does not load (a write cut short by a crash of the machine, a damaged disk) is set aside beside the
-scratch directory as <run>.<name>.corrupt-<time>, named on stderr, and the run resumes from the other.
+scratch directory as <run>.<name>.corrupt-<time> (only the newest one kept), named on stderr, and the run
+resumes from the other.
 
 A checkpoint carries the fingerprint of the run's configuration and data; one that does not match
 (changed params, new shards) is ignored, so a stale checkpoint never leaks into a new run.
@@ -70,14 +71,21 @@ class Checkpointer:
         return None
 
     def _set_aside(self, path: Path, why: str) -> None:
-        aside = self.directory.parent / f"{self.directory.name}.{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
+        """Move a corrupt checkpoint beside the scratch directory for a look, keeping only the newest one a run
+        set aside (each is a whole checkpoint: they would pile up over many restarts)."""
+        stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 10**9:09d}"
+        aside = self.directory.parent / f"{self.directory.name}.{path.name}.corrupt-{stamp}"
         try:
             os.replace(path, aside)
         except FileNotFoundError:  # another rank of the same run set it aside first
             return
+        older = [p for p in self.directory.parent.glob(f"{self.directory.name}.*.corrupt-*") if p != aside]
+        for p in older:
+            p.unlink(missing_ok=True)
+        replacing = f" (replacing {', '.join(p.name for p in older)})" if older else ""
         print(
-            f"warning: checkpoint {path} is corrupt: {why}; set aside as {aside}, resuming from the one before "
-            f"it if there is one",
+            f"warning: checkpoint {path} is corrupt: {why}; set aside as {aside}{replacing}, resuming from the one "
+            f"before it if there is one",
             file=sys.stderr,
         )
 

@@ -140,6 +140,7 @@ def pretrain(
         dynamic_ncols=True,
     )
     window_start, window_steps = time.perf_counter(), 0
+    last_saved = time.monotonic()  # checkpoint_minutes counts from here, then from each checkpoint
     objective.train()
     try:
         while objective.trains and step < cfg.steps:  # the no-pretraining control takes no step
@@ -219,9 +220,11 @@ def pretrain(
             pause = stop is not None and step < cfg.steps and stop()
             if pause:  # the unlogged window's seconds still count towards the run's hours
                 elapsed += time.perf_counter() - window_start
-            if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps or pause):
+            overdue = cfg.checkpoint_minutes and time.monotonic() - last_saved >= cfg.checkpoint_minutes * 60
+            if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps or pause or overdue):
                 if tracker:
                     tracker.flush()  # the steps this checkpoint covers are in the store before it exists
+                last_saved = time.monotonic()
                 checkpointer.save(
                     {
                         "model": objective.state_dict(),
