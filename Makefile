@@ -60,7 +60,7 @@ test: setup browser lint
 
 # The edit-run loop: every test that starts no server and runs no project's stages (tests/conftest.py marks them).
 test-fast: setup lint
-	pytest -m "not slow and not pipeline"
+	pytest -n 2 --dist loadgroup -m "not slow and not pipeline"
 
 bench: setup
 	python bench/shards_throughput.py

@@ -144,19 +144,23 @@ PIPELINE_FIXTURES |= {"project", "pristine"}  # test_pretrain's and test_bad_inp
 
 
 # `make test` runs two workers (pytest-xdist, --dist loadgroup). A session fixture is built once per worker, so the
-# tests of one that costs minutes share a worker: it is built once, as in a run on one worker.
+# tests of one that costs minutes share a worker: it is built once, as in a run on one worker. xdist 3.8 groups by
+# a "@<group>" suffix of the test's id, which it sets through an attribute pytest 9 no longer reads (Node._nodeid;
+# pytest 9 keeps Node._id), so the suffix is set here, as xdist would.
 SHARED_ON_ONE_WORKER = ("ablation", "sprint")
 
 
-def pytest_collection_modifyitems(items) -> None:
+def pytest_collection_modifyitems(config, items) -> None:
+    grouping = getattr(config.option, "loadgroup", False)  # an xdist worker of `--dist loadgroup`
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if PIPELINE_FIXTURES & fixtures:
             item.add_marker(pytest.mark.pipeline)
-        for fixture in SHARED_ON_ONE_WORKER:
-            if fixture in fixtures:
-                item.add_marker(pytest.mark.xdist_group(fixture))
-                break
+        group = next((f for f in SHARED_ON_ONE_WORKER if f in fixtures), None)
+        if group and grouping:
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,8 @@ BIN = Path(sys.executable).parent
 def env_for(project: Path, data: Path | str | None) -> dict:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(project / "src")}
     env.pop("ELECTRALAB_DATA", None)
+    # A stage run in the test process (run_stage) sets this for the process; a project's stages decide for themselves.
+    env.pop("MLFLOW_LOGGING_LEVEL", None)
     if data is not None:
         env["ELECTRALAB_DATA"] = str(data)
     return env

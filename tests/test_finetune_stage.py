@@ -353,21 +353,22 @@ def test_ctrl_c_stops_the_stage_in_one_line_its_parents_killed_and_the_rerun_kee
     command = [sys.executable, str(ROOT / "stages" / "finetune.py"), *argv(root, "mlm")]
     stage = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = root / "checkpoints" / "finetune" / "mlm" / "results"
+    client = MlflowClient(f"sqlite:///{db}")
+
+    def logged(stage_tag: str) -> list:
+        experiment = client.get_experiment_by_name("electralab-tiny") if db.exists() else None
+        return client.search_runs([experiment.experiment_id], f"tags.stage = '{stage_tag}'") if experiment else []
+
     deadline = time.monotonic() + 300
-    while not (results.is_dir() and any(results.rglob("*.json"))):  # a trial has finished
+    while not logged("finetune-trial"):  # a trial has finished and is in MLflow, under its open parent
         assert stage.poll() is None and time.monotonic() < deadline, stage.stderr.read()[-3000:]
-        time.sleep(0.05)
+        time.sleep(0.2)
     stage.send_signal(signal.SIGINT)
     stdout, stderr = stage.communicate(timeout=120)
     assert stage.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
     assert "finetune@mlm: stopped by SIGINT; run the same command again (`dvc repro`, `make repro`)" in stderr
     assert not (root / "metrics").exists()
-    client = MlflowClient(f"sqlite:///{db}")
-    parents = client.search_runs(
-        [client.get_experiment_by_name("electralab-tiny").experiment_id], "tags.stage = 'finetune'"
-    )
-    statuses = {r.info.status for r in parents if not r.data.tags.get("mlflow.parentRunId")}
-    assert statuses == {"KILLED"}, statuses
+    assert {r.info.status for r in logged("finetune")} == {"KILLED"}
     kept = len(list(results.rglob("*.json")))
 
     again = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
