@@ -66,3 +66,41 @@ def test_the_processs_own_handlers_come_back_after_a_stage(tmp_path, monkeypatch
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert run(stage_that(lambda: None), tmp_path, monkeypatch) is None
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+POOL_STAGE = """
+import multiprocessing, sys
+from electralab.cli import run_stage
+
+def square(x):
+    return x * x
+
+def body(params, args):
+    with multiprocessing.get_context("fork").Pool(2) as pool:  # its exit sends SIGTERM to the workers
+        assert pool.map(square, range(8)) == [x * x for x in range(8)]
+    print("pool done")
+
+run_stage("demo", body, argv=["--params", sys.argv[1]])
+"""
+
+
+def test_a_process_pools_workers_end_as_without_the_stages_handlers(tmp_path):
+    """A forked pool worker inherits the stage's handlers; the SIGTERM its pool ends it with must end it, not
+    raise Stopped inside it (the shards stage's pool then hung at exit)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "params.yaml").write_bytes((ROOT / "params.yaml").read_bytes())
+    (tmp_path / "stage.py").write_text(POOL_STAGE, encoding="utf-8")
+    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT / "src")}
+    env.pop("DVC_STAGE", None)
+    for _ in range(5):  # the hang was a race at the pool's exit
+        proc = subprocess.run(
+            [sys.executable, str(tmp_path / "stage.py"), str(tmp_path / "params.yaml")],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0 and proc.stdout == "pool done\n" and "Stopped" not in proc.stderr, proc.stderr

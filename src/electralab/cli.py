@@ -101,11 +101,12 @@ class StopSignals:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.polled = False
+        self.pid = os.getpid()  # the stage's process: a forked child keeps the handlers but not this role
 
     @contextmanager
     def installed(self) -> Iterator[None]:
         """The handlers for the stage's run; the process's own ones again after it (a stage run in-process)."""
-        self.signum, self.polled = None, False
+        self.signum, self.polled, self.pid = None, False, os.getpid()
         if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
             yield
             return
@@ -121,6 +122,10 @@ class StopSignals:
         return self.signum is not None
 
     def _received(self, signum: int, frame) -> None:
+        if os.getpid() != self.pid:  # a forked child (a process pool's worker, which its pool ends with SIGTERM)
+            signal.signal(signum, signal.SIG_DFL)  # ends as it would without these handlers
+            os.kill(os.getpid(), signum)
+            return
         first, self.signum = self.signum is None, signum
         if not (first and self.polled):
             raise Stopped(f"stopped by {signal.Signals(signum).name}", signum)
