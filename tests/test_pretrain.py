@@ -496,6 +496,20 @@ def test_checkpoint_minutes_adds_a_checkpoint_once_that_much_time_has_passed(
     assert steps == saved
 
 
+def test_the_bar_shows_the_loss_and_pace_from_the_first_step(project, tmp_path, tracking, monkeypatch, capsys):
+    """Off a terminal the bar prints plain lines; before the first logged window (log_every) they already carry
+    the step's loss and tokens/s, so a long run shows signs of life at once."""
+    from electralab.data.progress import PROGRESS_EVERY_ENV
+    from electralab.train.loop import pretrain
+
+    monkeypatch.setenv(PROGRESS_EVERY_ENV, "0")
+    run_ = resolved(project, "mlm", steps=6, log_every=1000)
+    pretrain(run_, project / "data" / "shards", tmp_path / "out", tmp_path / "scratch", show_progress=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "pretrain mlm" in line and "/6" in line]
+    early = [line for line in lines if re.search(r"\b[1-5]/6\b", line)]
+    assert early and all(re.search(r"loss=\d+\.\d{3}, tok_s=\d+", line) for line in early), lines
+
+
 def loss_curve(db: Path, run_name: str) -> list[float]:
     client = mlflow_client(db)
     r = client.search_runs(

@@ -37,7 +37,8 @@ class PlainProgress(tqdm):
         closing = self.disable  # close() sets it first, then writes the last line's newline itself
         now = self._time()
         if not closing:  # updates and set_postfix() both land here: one line per interval
-            if now - getattr(self, "_last_line", self.start_t) < self.mininterval:
+            # start_t: not there yet when tqdm draws in __init__ (no delay: ELECTRALAB_PROGRESS_EVERY=0)
+            if now - getattr(self, "_last_line", getattr(self, "start_t", now)) < self.mininterval:
                 return True
             self._last_line = now
         line = (msg if msg is not None else self.format_meter(**{**self.format_dict, "ncols": 0})).strip()

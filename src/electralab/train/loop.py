@@ -175,6 +175,9 @@ def pretrain(
             step += 1
             window_steps += 1
             meter.add({"loss": loss_sum / accumulation, "grad_norm": grad_norm.detach()})  # on the device
+            if "loss" not in last_logged:  # until a window is logged, the bar shows this step's loss and pace
+                pace = tokens_per_step * window_steps / (time.perf_counter() - window_start)
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{pace:.0f}", refresh=False)
             bar.update(1)
 
             if step % cfg.log_every == 0 or step == cfg.steps:
