@@ -188,6 +188,8 @@ def encode_corpus(
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=init_args) as pool:
         yield from pool.imap(_encode_row_group, tasks)
+        pool.close()  # the workers end on their own: the `with`'s terminate() then has none to SIGTERM
+        pool.join()
 
 
 # --------------------------------------------------------------------------------------------
