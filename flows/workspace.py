@@ -86,7 +86,7 @@ def make_plan(
     if isinstance(tables, str) or isinstance(runs, str):
         raise ConfigError("tables and runs are lists of names, e.g. tables=['coco-lm/table1']")
     params = parse_params({**params.raw, "preset": chosen_preset}, str(project / "params.yaml"))
-    resolve_all(params)  # a mistake anywhere in the registry stops here, by key path
+    resolved = resolve_all(params)  # a mistake anywhere in the registry stops here, by key path
 
     for table in tables or []:
         if table not in TABLES:
@@ -97,7 +97,7 @@ def make_plan(
         wanted = list(params.runs)
     else:
         wanted = runs_for_tables(params, list(tables or [])) + list(runs or [])
-    ordered = cheapest_first(params, wanted)  # the control's and the small runs' rows come early
+    ordered = cheapest_first(params, resolved, wanted)  # the control's and the small runs' rows come early
     return Plan(project, chosen_preset, tuple(ordered), chosen_preset == active, tuple(ordered.values()))
 
 
@@ -282,7 +282,7 @@ class Pace:
 
     def __init__(self, plan: Plan):
         self.cost = dict(zip(plan.runs, plan.costs))
-        self.pretrained = [0.0, 0.0]  # seconds, cost of the pretraining stages that ran
+        self.pretrain_seconds = self.pretrain_cost = 0.0  # of the pretraining stages that ran
         self.seconds: dict[str, list[float]] = defaultdict(list)
 
     def record(self, target: str, result: str, seconds: float) -> None:
@@ -290,8 +290,8 @@ class Pace:
         if result != "ran":
             return
         if kind == "pretrain" and self.cost.get(run):
-            self.pretrained[0] += seconds
-            self.pretrained[1] += self.cost[run]
+            self.pretrain_seconds += seconds
+            self.pretrain_cost += self.cost[run]
         elif kind != "pretrain":
             self.seconds[kind].append(seconds)
 
@@ -302,9 +302,9 @@ class Pace:
             kind, _, run = target.partition("@")
             if kind == "pretrain":
                 if self.cost.get(run):
-                    if not self.pretrained[1]:
+                    if not self.pretrain_cost:
                         return None
-                    total += self.cost[run] * self.pretrained[0] / self.pretrained[1]
+                    total += self.cost[run] * self.pretrain_seconds / self.pretrain_cost
             elif kind in ("finetune", "export", "report"):
                 if not self.seconds[kind]:
                     return None

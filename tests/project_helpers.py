@@ -7,6 +7,7 @@ and its fine-tuning a few seconds more (three tasks, 16 examples, one configurat
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import shlex
 import shutil
@@ -48,6 +49,14 @@ def stage_args(name: str, run: str | None = None) -> list[str]:
     python, *args = shlex.split(stage.get("do", stage)["cmd"].replace("${key}", run or "${key}"))
     assert python == "python" and not any("${" in a for a in args), (name, run, args)
     return args
+
+
+def load_stage(name: str):
+    """stages/<name>.py as a module, to call its `main` through run_stage in the test's process."""
+    spec = importlib.util.spec_from_file_location(f"{name}_stage", ROOT / "stages" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:

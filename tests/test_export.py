@@ -193,10 +193,8 @@ def resized_first_tensor(path):
 def test_a_damaged_model_or_metrics_file_stops_the_export_in_one_line_and_writes_nothing(
     damage, message, vocab_dir, tmp_path, monkeypatch, capsys
 ):
-    import importlib.util
-
     from conftest import ROOT
-    from project_helpers import stage_args
+    from project_helpers import load_stage, stage_args
     from report_helpers import tiny_encoder
 
     from electralab.cli import run_stage
@@ -213,9 +211,7 @@ def test_a_damaged_model_or_metrics_file_stops_the_export_in_one_line_and_writes
     monkeypatch.setenv("DVC_ROOT", str(root))
     monkeypatch.delenv("DVC_STAGE", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    spec = importlib.util.spec_from_file_location("export_stage", ROOT / "stages" / "export.py")
-    stage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage)
+    stage = load_stage("export")
     with pytest.raises(SystemExit) as exited:
         run_stage("export", stage.main, ["--params", "params.yaml", *stage_args("export", "mlm")[1:]], stage.arguments)
     err = capsys.readouterr().err

@@ -5,7 +5,6 @@ and the trial loop itself (it learns; dynamic padding changes nothing but speed)
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -21,7 +20,7 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT, mirror_root
-from project_helpers import stage_args
+from project_helpers import load_stage, stage_args
 from report_helpers import tiny_encoder
 
 from electralab.config import SquadSettings, TrialResources, load_params
@@ -132,13 +131,6 @@ def env(monkeypatch, mlflow_uri):
     return use
 
 
-def load_stage():
-    spec = importlib.util.spec_from_file_location("finetune_stage", ROOT / "stages" / "finetune.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def argv(root: Path, run: str) -> list[str]:
     """The stage's arguments as dvc.yaml gives them (its paths: relative to root, the working directory)."""
     return ["--params", str(root / "params.yaml"), *stage_args("finetune", run)[1:]]
@@ -171,7 +163,7 @@ def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
     with_cocolm = {**fig7.series, "test": {"cocolm": "cocolm"}}
     monkeypatch.setitem(REGISTRY, fig7.key, dataclasses.replace(fig7, series=with_cocolm))
     env(root)
-    stage = load_stage()
+    stage = load_stage("finetune")
     stage.run_stage("finetune", stage.main, argv(root, "cocolm"), stage.arguments)
 
     # metrics/finetune/<run>.json: medians per task, missing QQP (no dev split in the mirror) with its reason
@@ -248,7 +240,7 @@ def test_stage_errors_are_one_line_and_leave_no_metrics(tmp_path, env, capsys):
     root.mkdir()
     (root / "params.yaml").write_text((ROOT / "params.yaml").read_text(encoding="utf-8"), encoding="utf-8")
     env(root)
-    stage = load_stage()
+    stage = load_stage("finetune")
     for run, message in (("nope", "run 'nope' is not in"), ("mlm", "no exported encoder; run the pretraining first")):
         with pytest.raises(SystemExit) as exit_info:
             stage.run_stage("finetune", stage.main, argv(root, run), stage.arguments)
@@ -264,7 +256,7 @@ def test_a_binary_glue_dev_file_is_a_named_error(tmp_path, models, env, capsys, 
     shutil.copy(mirror_root() / "glue" / "RTE" / "train.tsv", rte)
     (rte / "dev.tsv").write_bytes(bytes(range(256)) * 8)  # not text at all
     monkeypatch.setenv("ELECTRALAB_DATA", str(tmp_path / "mirror"))
-    stage = load_stage()
+    stage = load_stage("finetune")
     with pytest.raises(SystemExit) as exit_info:
         stage.run_stage("finetune", stage.main, argv(root, "mlm"), stage.arguments)
     err = capsys.readouterr().err
@@ -284,7 +276,7 @@ def test_a_requested_task_without_its_dev_file_fails_the_stage_unless_allowed(
     rte.mkdir(parents=True)
     shutil.copy(mirror_root() / "glue" / "RTE" / "train.tsv", rte)  # no dev.tsv
     monkeypatch.setenv("ELECTRALAB_DATA", str(tmp_path / "mirror"))
-    stage = load_stage()
+    stage = load_stage("finetune")
     args = argv(root, "mlm")
     with pytest.raises(SystemExit) as exit_info:
         stage.run_stage("finetune", stage.main, args, stage.arguments)

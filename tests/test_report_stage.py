@@ -4,7 +4,6 @@ partial when the build fails half-way."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from project_helpers import stage_args
+from project_helpers import load_stage, stage_args
 from report_helpers import CORPUS, _run, median_of
 
 from electralab.report import stem
@@ -37,13 +36,6 @@ FIGURES = [
     "teams/fig4",
     "teams/fig5",
 ]
-
-
-def load_stage():
-    spec = importlib.util.spec_from_file_location("report_stage", ROOT / "stages" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def project(tmp_path: Path, preset: str) -> tuple[Path, Path]:
@@ -80,7 +72,7 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
 
     root, data = project(tmp_path, "tiny")
     env(root, data)
-    stage = load_stage()
+    stage = load_stage("report")
     stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml"), *ARGS], stage.arguments)
 
     reports = root / "reports"
@@ -178,7 +170,7 @@ def test_a_failed_build_leaves_the_previous_report_untouched(tmp_path, env, stor
     env(root, data)
     (root / "reports").mkdir()
     (root / "reports" / "index.html").write_text("the previous report")
-    stage = load_stage()
+    stage = load_stage("report")
     with pytest.raises(SystemExit) as exit_info:
         stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml"), *ARGS], stage.arguments)
     assert exit_info.value.code == 2
@@ -245,7 +237,7 @@ def test_every_number_comes_from_the_runs_the_workspace_names_not_the_latest(tmp
         root / "metrics" / "finetune" / "mlm.json",
         {"rte": {"accuracy": 70.0}, "mlflow": {"pretrain_run_id": base, "parents": parents}},
     )
-    stage = load_stage()
+    stage = load_stage("report")
 
     def cells() -> pd.DataFrame:
         stage.run_stage("report", stage.main, ["--params", str(root / "params.yaml"), *ARGS], stage.arguments)

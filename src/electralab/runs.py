@@ -193,11 +193,12 @@ def training_cost(run: ResolvedRun, vocab_size: int) -> float:
     return float(run.pretrain.steps * run.pretrain.batch_size * weights)
 
 
-def cheapest_first(params: Params, names: list[str]) -> dict[str, float]:
+def cheapest_first(params: Params, runs: dict[str, ResolvedRun], names: list[str]) -> dict[str, float]:
     """`names` and the runs they read, cheapest training first (a producer still before its readers; ties keep
     the registry's order), each with its training_cost: a long command gives its first rows, the control's
-    among them, early, and can tell how long the rest will take from the pace of the first."""
-    specs, runs = run_specs(params), resolve_all(params)
+    among them, early, and can tell how long the rest will take from the pace of the first. `runs`: the
+    registry resolved (resolve_all)."""
+    specs = {name: run.spec for name, run in runs.items()}
     names = with_producers(specs, names)
     # A run that reads another's output is built from it (so not before it exists): its producer's cost stands
     # for its own (the same shape and budget, one setting apart).

@@ -69,18 +69,18 @@ class Tracker:
         self.mlflow.flush_async_logging()
 
     def fail(self, error: BaseException) -> None:
-        self.mlflow.flush_async_logging()
+        self.flush()
         status = "FAILED" if isinstance(error, Exception) else "KILLED"
         self.mlflow.set_tag("error", f"{type(error).__name__}: {error}"[:5000])
         self.mlflow.end_run(status)
 
     def pause(self, step: int) -> None:
-        self.mlflow.flush_async_logging()
+        self.flush()
         self.mlflow.set_tag("paused_at_step", str(step))
         self.mlflow.end_run("KILLED")  # ended: another run may start in this process; resuming reopens it
 
     def finish(self, summary: dict[str, Any], out_dir: Path) -> None:
-        self.mlflow.flush_async_logging()
+        self.flush()
         numbers = {f"final_{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
         self.mlflow.log_metrics(tracking.finite_metrics(numbers), run_id=self.run_id)
         self.mlflow.log_artifacts(str(out_dir / "encoder"), artifact_path="encoder")
