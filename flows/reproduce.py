@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import time
 from typing import NoReturn
@@ -78,13 +79,31 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_without_prefect(args: argparse.Namespace) -> None:
+    """`make repro`. Ctrl-C reaches the stage too (the terminal signals the whole process group): the stage stops
+    itself in one line, as DVC lets it, and this command ends after it with one line of its own. A signal to this
+    process alone (kill <pid>) ends it after the current stage; a second signal ends it at once."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     log = logging.getLogger("reproduce")
+    stopping: list[int] = []
+
+    def received(signum: int, frame) -> None:
+        if stopping:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        stopping.append(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, received)
     try:
         plan = make_plan(allowed_project(args.project), args.preset, args.tables, args.runs)
-        failed = reproduce_locally(plan, log)
+        failed = reproduce_locally(plan, log, stop=lambda: bool(stopping))
     except (ConfigError, StageFailed) as e:
-        fail(e)
+        if not stopping:
+            fail(e)
+    if stopping:
+        name = signal.Signals(stopping[0]).name
+        print(f"reproduce: stopped by {name}; the same command goes on from there (`make repro`)", file=sys.stderr)
+        sys.exit(128 + stopping[0])
     if failed:
         print(f"error: failed: {', '.join(failed)} (the report names them; their logs are above)", file=sys.stderr)
         sys.exit(1)

@@ -19,6 +19,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from logging import Logger, LoggerAdapter
 from pathlib import Path
+from typing import Callable
 
 from electralab.config import PRESETS, load_params, parse_params
 from electralab.errors import ConfigError
@@ -317,12 +318,13 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{max(minutes, 1)} min"
 
 
-def reproduce_locally(plan: Plan, log: Log) -> list[str]:
+def reproduce_locally(plan: Plan, log: Log, stop: Callable[[], bool] = lambda: False) -> list[str]:
     """The plan's stages through DVC in the flow's order, without Prefect (`make repro`): the report rebuilt
     after each run whose stages ran, so the first rows (cheapest first: the control's) can be read early; one
     line after each stage with what is left and the time it will take at the pace so far. A failed stage of a
     run skips that run's later stages and the others go on, as `dvc repro --keep-going` would; a failed data
-    stage stops everything. Returns the failed stages."""
+    stage stops everything. `stop`, asked after each stage, ends the command there (a stage that failed while
+    it said so was stopped, not broken: its StageFailed goes to the caller). Returns the failed stages."""
     env = stage_env(plan)
     lock = workspace_lock(plan, log)
     failed: list[str] = []
@@ -334,8 +336,8 @@ def reproduce_locally(plan: Plan, log: Log) -> list[str]:
         try:
             result = outcome(target, dvc_repro(plan.workspace, target, env, log, single=target == "report"))
         except StageFailed as e:
-            if "@" not in target and target != "report":
-                raise  # corpus or shards: nothing after them can run
+            if stop() or ("@" not in target and target != "report"):
+                raise  # stopped, or corpus or shards failed: nothing after them can run
             log.error("error: %s", str(e).splitlines()[0])
             failed.append(target)
             result = "failed"
@@ -347,6 +349,8 @@ def reproduce_locally(plan: Plan, log: Log) -> list[str]:
         log.info("reproduce %s: %d runs, cheapest first: %s", plan.preset, len(plan.runs), ", ".join(plan.runs))
         reported, changed = False, False
         for i, target in enumerate(planned):
+            if stop():
+                return failed
             run = target.partition("@")[2]
             if any(f.endswith(f"@{run}") for f in failed):
                 result = "skipped (an earlier stage of the run failed)"
@@ -367,7 +371,7 @@ def reproduce_locally(plan: Plan, log: Log) -> list[str]:
             stages = f"{len(rest)} stage{'s' * (len(rest) != 1)}"
             left = f"{stages} left ({', '.join(runs_left)}), {eta}" if rest else "every stage done"
             log.info("reproduce: [%d/%d] %s: %s; %s", i + 1, len(planned), target, result, left)
-        if not reported or changed:
+        if (not reported or changed) and not stop():
             repro("report")
     finally:
         lock.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, mirror_root
 from ops_helpers import (
     ABLATION,
     ABLATION_RUNS,
@@ -29,7 +29,7 @@ from ops_helpers import (
     reproduce_cmd,
     task_runs,
 )
-from project_helpers import BIN, run, set_param
+from project_helpers import BIN, env_for, run, set_param
 
 sys.path.insert(0, str(ROOT / "flows"))
 from deployments import DEPLOYMENTS  # noqa: E402
@@ -474,6 +474,41 @@ def test_kill_mid_pretraining_then_the_flow_again_resumes_and_redoes_nothing_fin
     # One MLflow run, continued: the stage resumed from its checkpoint instead of starting over.
     assert len(runs) == 1 and runs[0].info.status == "FINISHED" and runs[0].data.metrics["final_steps"] == 24
     assert not state.exists() and (project / "models" / "electra" / "encoder").is_dir()
+
+
+def test_ctrl_c_of_make_repro_stops_the_stage_and_the_command_in_one_line_each_and_it_goes_on(tmp_path):
+    """Ctrl-C on `make repro`'s path (the terminal signals the process group) mid fine-tuning: the stage stops itself
+    in its one line, the command after it in one line of its own, no traceback; the same command goes on."""
+    project = make_project(tmp_path / "project")
+    env = {**env_for(project, mirror_root()), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    command = reproduce_cmd("--runs", "control", "--no-prefect")
+    first = subprocess.Popen(
+        command,
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    output = []
+    for line in first.stdout:  # until fine-tuning has started
+        output.append(line)
+        if "> python stages/finetune.py control" in line:
+            break
+    time.sleep(3)  # inside the stage: Ray started, trials queued
+    os.killpg(first.pid, signal.SIGINT)
+    output.append(first.stdout.read())
+    assert first.wait(timeout=FLOW_TIMEOUT) == 130, "".join(output)[-3000:]
+    text = "".join(output)
+    assert "Traceback" not in text, text[-3000:]
+    assert "finetune@control: stopped by SIGINT; run the same command again" in text, text[-3000:]
+    assert "reproduce: stopped by SIGINT; the same command goes on from there (`make repro`)" in text
+    assert not (project / "metrics" / "finetune" / "control.json").exists()
+
+    again = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=FLOW_TIMEOUT)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert ran(again.stdout) == ["finetune@control", "export@control", "report"]  # nothing before it again
 
 
 def test_two_flows_at_once_on_another_presets_workspace_one_waits_and_params_stay_untouched(tmp_path, prefect_api):
