@@ -69,12 +69,35 @@ CANDIDATES = {
         f"batch_{b}": (lambda b: lambda steps: [f"pretrain.batch_size={b}", f"pretrain.micro_batch_size={b}"])(b)
         for b in (8, 16, 64, 128)
     },
+    # The schedule's length at the base's tokens: half the batch over twice the steps (its own --steps).
+    "batch_16_steps_2x": lambda steps: ["pretrain.batch_size=16", "pretrain.micro_batch_size=16", f"steps={2 * steps}"],
+    # Short sequences first (Shortformer's staged training): rows of L tokens for the first share of the steps.
+    **{
+        f"short_{length}_{share}pct": (
+            lambda length, share: (
+                lambda steps: [
+                    f"pretrain.short_seq_len={length}",
+                    f"pretrain.short_seq_until={share / 100}",
+                ]
+            )
+        )(length, share)
+        for length, share in ((16, 25), (32, 25), (32, 50), (64, 25), (64, 50))
+    },
 }
 DETECTOR_GAINS = ("rtd_base_rate_gain", "copy_base_rate_gain")  # whichever the method's detector reports
 
 
 def point_name(method: str, candidate: str, seed: int) -> str:
     return f"{method}-{candidate}-s{seed}"
+
+
+def point_sets(candidate: str, steps: int, extra: list[str], seed: int) -> tuple[list[str], int]:
+    """The --set items of a point and its schedule's steps (a candidate's `steps=N` replaces --steps)."""
+    sets = [*CANDIDATES[candidate](steps), *extra, f"pretrain.seed={seed}"]
+    for item in sets:
+        if item.startswith("steps="):
+            steps = int(item.partition("=")[2])
+    return [item for item in sets if not item.startswith("steps=")], steps
 
 
 def detector_gains(trace: dict) -> list[tuple[int, float]]:
@@ -118,7 +141,7 @@ def run_point(args) -> None:
     from electralab.train.common import resolve_precision
 
     torch.set_num_threads(args.threads)
-    sets = [*CANDIDATES[args.candidate](args.steps), *args.set, f"pretrain.seed={args.seed}"]
+    sets, steps = point_sets(args.candidate, args.steps, args.set, args.seed)
     deadline = float(os.environ.get("DEAD_PHASE_DEADLINE", "inf"))
     taken = [0]  # the loop asks `stop` once after every step: --stop-at counts them
 
@@ -133,7 +156,7 @@ def run_point(args) -> None:
         result = trace(
             args.method,
             sets,
-            args.steps,
+            steps,
             args.every,
             args.out / "work",
             data=data,
@@ -149,7 +172,7 @@ def run_point(args) -> None:
         "candidate": args.candidate,
         "seed": args.seed,
         "sets": sets,
-        "steps": args.steps,
+        "steps": steps,
         "every": args.every,
         "left_at": left_at(result["trace"]),
         "first_at": first_at(result["trace"]),

@@ -195,3 +195,36 @@ def test_bad_arguments(shards_dir, tmp_path):
         PretrainLoader(shards_dir, "train", 100_000)
     with pytest.raises(DataError, match=r"manifest.json: no such file; run the shards stage first"):
         PretrainLoader(tmp_path, "train", B)
+
+
+def test_split_cuts_each_row_into_pieces_keeps_the_masks_and_leaves_out_pieces_of_padding():
+    from helpers import make_batch
+
+    batch = make_batch(batch_size=3, length=24, pad_last=14)  # row 0: 10 real tokens, then padding
+    short = batch.split(8)
+    # Row 0 keeps its first two pieces (its third is padding only); rows 1 and 2 keep all three.
+    assert short.input_ids.shape == (2 + 3 + 3, 8)
+    kept = torch.cat([batch.input_ids[0, :16].view(2, 8), batch.input_ids[1:].reshape(6, 8)])
+    assert torch.equal(short.input_ids, kept)
+    for name in ("attention_mask", "masked_ids", "mlm_mask"):
+        whole = getattr(batch, name)
+        assert torch.equal(getattr(short, name), torch.cat([whole[0, :16].view(2, 8), whole[1:].reshape(6, 8)]))
+    assert short.num_tokens == batch.num_tokens and int(short.mlm_mask.sum()) == int(batch.mlm_mask.sum())
+    with pytest.raises(ValueError, match="length 5 does not divide the sequence length 24"):
+        batch.split(5)
+
+
+@pytest.mark.parametrize("method", ["mlm", "electra", "cocolm", "amos", "teams"])
+def test_every_method_trains_on_short_rows(method):
+    """The short-sequence warm-up cuts rows without a [CLS] at their start: every objective takes them."""
+    from helpers import make_batch, tiny_generators, tiny_model
+
+    from electralab.objectives import METHODS, build_objective
+
+    torch.manual_seed(0)
+    objective = build_objective(method, METHODS[method].Settings(), tiny_model(), tiny_generators(), 97)
+    out = objective(make_batch(batch_size=2, length=32, pad_last=20).split(8), progress=0.1)
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    grads = [p.grad for p in objective.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)

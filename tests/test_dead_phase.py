@@ -38,6 +38,12 @@ def test_every_candidate_is_a_list_of_sets_and_warmups_follow_the_budget():
     assert dead_phase.CANDIDATES["warmup_2pct"](8000) == ["pretrain.warmup_steps=160"]
     assert dead_phase.CANDIDATES["warmup_2pct"](1000) == ["pretrain.warmup_steps=20"]
     assert dead_phase.CANDIDATES["batch_8"](8000) == ["pretrain.batch_size=8", "pretrain.micro_batch_size=8"]
+    assert dead_phase.point_sets("short_32_25pct", 8000, ["pretrain.use_gpu=true"], 2) == (
+        ["pretrain.short_seq_len=32", "pretrain.short_seq_until=0.25", "pretrain.use_gpu=true", "pretrain.seed=2"],
+        8000,
+    )
+    sets, steps = dead_phase.point_sets("batch_16_steps_2x", 8000, [], 1)  # the base's tokens, twice the steps
+    assert steps == 16000 and sets == ["pretrain.batch_size=16", "pretrain.micro_batch_size=16", "pretrain.seed=1"]
 
 
 def sweep(*args, out: Path, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -549,6 +549,32 @@ def test_batch_not_divisible_and_gpu_without_cuda_are_config_errors(project, tmp
             )
 
 
+def test_short_rows_for_the_first_share_of_the_steps_then_full_rows(project, tmp_path, tracking, monkeypatch):
+    import electralab.train.loop as loop
+
+    real_build, widths = loop.build_objective, []
+
+    def recording(*args, **kwargs):
+        objective = real_build(*args, **kwargs)
+        objective.register_forward_pre_hook(
+            lambda module, inputs: widths.append(inputs[0].input_ids.shape[1]) if module.training else None
+        )
+        return objective
+
+    monkeypatch.setattr(loop, "build_objective", recording)
+    seq_len = int(json.loads((project / "data" / "shards" / "manifest.json").read_text())["seq_len"])
+    run_ = resolved(project, "electra", steps=4, short_seq_len=seq_len // 4, short_seq_until=0.5)
+    loop.pretrain(run_, project / "data" / "shards", tmp_path / "out", tmp_path / "s", show_progress=False)
+    assert widths == [seq_len // 4] * 2 + [seq_len] * 2
+    with pytest.raises(ConfigError, match=f"short_seq_len=7 must divide the shards' seq_len {seq_len}"):
+        loop.pretrain(
+            resolved(project, "electra", short_seq_len=7, short_seq_until=0.5),
+            project / "data" / "shards",
+            tmp_path / "o",
+            tmp_path / "s2",
+        )
+
+
 def test_stage_with_an_unknown_run_exits_2_naming_it(project):
     proc = run([sys.executable, *stage_args("pretrain", "no_such_run")], project, env_for(project, mirror_root()))
     assert proc.returncode == 2

@@ -25,6 +25,18 @@ class Batch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
 
+    def split(self, length: int) -> "Batch":
+        """The same tokens as rows of `length` (which divides T): (B, T) -> (B * T / length, length), each row
+        cut into consecutive pieces, its masked positions where they were. Pieces holding only [PAD] are left
+        out (padding sits at a row's end, so a piece is kept where its first token is real): a row with no key
+        to attend to has no defined attention."""
+        rows, width = self.input_ids.shape
+        if width % length:
+            raise ValueError(f"Batch.split: length {length} does not divide the sequence length {width}")
+        pieces = {f.name: getattr(self, f.name).reshape(-1, length) for f in fields(self)}
+        keep = pieces["attention_mask"][:, 0]
+        return Batch(**{name: value[keep] for name, value in pieces.items()})
+
     @property
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum())

@@ -294,6 +294,11 @@ class PretrainConfig:
     # Dropout (hidden and attention) while pretraining; None: the model's own. 0 is cramming's
     # small-budget practice (Geiping & Goldstein 2023, Sec. 4.3). Fine-tuning always uses the model's.
     dropout: float | None = bounded(None, lo=0.0, hi=1.0)
+    # Short sequences first (Press et al. 2021, Shortformer's staged training; Li et al. 2022, sequence length
+    # warm-up): for the first `short_seq_until` of the steps every packed row is cut into rows of
+    # `short_seq_len` tokens, so a step holds the same tokens. 0: the full length throughout (the papers').
+    short_seq_len: int = bounded(0, lo=0)
+    short_seq_until: float = bounded(0.0, lo=0.0, hi=1.0)
     seed: int = 1
     num_workers: int = bounded(1, lo=1, hi=4096)  # data-parallel ranks; > 1 runs under Ray Train
     use_gpu: bool = False

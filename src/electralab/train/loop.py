@@ -76,6 +76,7 @@ def pretrain(
     accumulation = accumulation_steps(cfg, dist.world_size)
     manifest = read_shards_manifest(shards_dir)  # a DataError naming the file when missing or corrupt
     vocab_size = int(manifest["vocab_size"])
+    short_until = short_steps(cfg, int(manifest["seq_len"]), run.name)  # rows cut short before this step
     checkpointer = Checkpointer(scratch_dir, fingerprint(run.as_params(), manifest.get("config_hash"), dist.world_size))
 
     torch.manual_seed(run.seed)  # identical initial weights on every rank
@@ -148,6 +149,8 @@ def pretrain(
             loss_sum = torch.zeros((), device=device)
             for micro in range(accumulation):
                 batch = next(batches).to(device, non_blocking=True)
+                if step < short_until:
+                    batch = batch.split(cfg.short_seq_len)
 
                 def forward_backward(batch: Batch = batch, last: bool = micro == accumulation - 1):
                     with sync_gradients(model, last), autocast(device, precision):
@@ -155,7 +158,7 @@ def pretrain(
                         (out.loss / accumulation).backward()
                     return out
 
-                if flops_per_step is None:  # count the model FLOPs of one micro-batch, once
+                if flops_per_step is None and step >= short_until:  # the model FLOPs of a full micro-batch, once
                     out, flops = count_flops(forward_backward)
                     flops_per_step = float(flops) * accumulation * dist.world_size
                 else:
@@ -333,6 +336,18 @@ def wrap_ddp(objective: Objective, device: torch.device) -> torch.nn.Module:
 def make_optimizer(objective: Objective, cfg: PretrainConfig) -> torch.optim.AdamW:
     """AdamW with the papers' betas/eps; no weight decay on biases and LayerNorm (BERT)."""
     return make_adamw(objective, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+
+
+def short_steps(cfg: PretrainConfig, seq_len: int, run_name: str) -> int:
+    """The number of first steps whose rows are cut to cfg.short_seq_len tokens (0: none)."""
+    if not cfg.short_seq_len or not cfg.short_seq_until:
+        return 0
+    if seq_len % cfg.short_seq_len or cfg.short_seq_len >= seq_len:
+        raise ConfigError(
+            f"run {run_name}: pretrain.short_seq_len={cfg.short_seq_len} must divide the shards' seq_len "
+            f"{seq_len} and be shorter than it"
+        )
+    return round(cfg.short_seq_until * cfg.steps)
 
 
 def make_schedule(optimizer: torch.optim.Optimizer, cfg: PretrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
