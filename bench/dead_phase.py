@@ -45,6 +45,10 @@ def warmup(fraction: float):
     return lambda steps: [f"pretrain.warmup_steps={max(1, round(fraction * steps))}"]
 
 
+def short(length: int, share: int) -> list[str]:
+    return [f"pretrain.short_seq_len={length}", f"pretrain.short_seq_until={share / 100}"]
+
+
 # name -> the sets it applies, as a function of the steps (warm-ups are fractions of the budget). Each is a
 # parameter of the library, documented in docs/configuration.md; the base is the preset as it is.
 CANDIDATES = {
@@ -73,16 +77,12 @@ CANDIDATES = {
     "batch_16_steps_2x": lambda steps: ["pretrain.batch_size=16", "pretrain.micro_batch_size=16", f"steps={2 * steps}"],
     # Short sequences first (Shortformer's staged training): rows of L tokens for the first share of the steps.
     **{
-        f"short_{length}_{share}pct": (
-            lambda length, share: (
-                lambda steps: [
-                    f"pretrain.short_seq_len={length}",
-                    f"pretrain.short_seq_until={share / 100}",
-                ]
-            )
-        )(length, share)
+        f"short_{length}_{share}pct": (lambda length, share: lambda steps: short(length, share))(length, share)
         for length, share in ((16, 25), (32, 25), (32, 50), (64, 25), (64, 50))
     },
+    # Half the budget (its own schedule over half the steps), as it is and with the best short start.
+    "half": lambda steps: [f"steps={steps // 2}"],
+    "short_16_25pct_half": lambda steps: [*short(16, 25), f"steps={steps // 2}"],
 }
 DETECTOR_GAINS = ("rtd_base_rate_gain", "copy_base_rate_gain")  # whichever the method's detector reports
 
