@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -122,6 +121,14 @@ def first_at(trace: dict) -> int | None:
     return next((step for step, g in detector_gains(trace) if g >= LEFT), None)
 
 
+def project_relative(path: str) -> str:
+    """A path inside this checkout as relative to it: a point file names no folder of the machine it ran on."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return path
+
+
 def commit() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -139,6 +146,7 @@ def run_point(args) -> None:
     from electralab.errors import ConfigError
     from electralab.io import write_json
     from electralab.train.common import resolve_precision
+    from electralab.train.perf import cpu_model
 
     torch.set_num_threads(args.threads)
     sets, steps = point_sets(args.candidate, args.steps, args.set, args.seed)
@@ -183,8 +191,8 @@ def run_point(args) -> None:
         "error": result["error"],
         "paused": result["paused"],
         "minutes": result["minutes"],
-        "encoder": result["encoder"],
-        "device": torch.cuda.get_device_name() if gpu else platform.processor() or platform.machine(),
+        "encoder": project_relative(result["encoder"]),
+        "device": torch.cuda.get_device_name() if gpu else cpu_model(),
         "precision": resolve_precision("auto", device),
         "threads": args.threads,
         "load_at_start": load,
@@ -261,9 +269,10 @@ def table(args) -> None:
     points = load_points(args.out)
     print(
         "| method | candidate | seed | left the base rate for good at step | of the budget | tokens by then | "
-        "first at 0.02 | gain at the last check | attention entropy there | minutes | device, precision |"
+        "first at 0.02 | gain at the last check | attention entropy there | minutes | device, precision | "
+        "fine-tuned: signal (STS-B, MRPC, CoLA medians; fine-tuning seeds) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in sorted(points, key=lambda p: (p["method"], p["left_at"] or 1e9, p["candidate"], p["seed"])):
         last = p["trace"][max(p["trace"], key=int)] if p["trace"] else {}
         gain = next((last[k] for k in DETECTOR_GAINS if k in last), float("nan"))
@@ -282,8 +291,19 @@ def table(args) -> None:
             f"{f'{left * tokens_per_step(p, preset) / 1e6:.1f}M' if left else '-'} | "
             f"{p.get('first_at') or '-'} | {gain:.3f} | "
             f"{last.get('attention_entropy', float('nan')):.3f} | {p['minutes']:.1f} | "
-            f"{p['device']}, {p['precision']} |"
+            f"{p['device']}, {p['precision']} | {finetuned(p)} |"
         )
+
+
+def finetuned(point: dict) -> str:
+    """The signal of a fine-tuned point (bench/signal_sweep.py's: the mean of the tasks' medians), or '-'."""
+    if "finetune" not in point:
+        return "-"
+    from signal_sweep import SIGNAL_TASKS, signal
+
+    medians = ", ".join(f"{point['finetune'][t]['median']:.1f}" for t in SIGNAL_TASKS if t in point["finetune"])
+    seeds = min(len(point["finetune"][t]["seeds"]) for t in SIGNAL_TASKS if t in point["finetune"])
+    return f"{signal(point, SIGNAL_TASKS)[0]:.1f} ({medians}; {seeds} seeds)"
 
 
 def finetune(args) -> None:
@@ -296,7 +316,7 @@ def finetune(args) -> None:
     for name in args.points:
         path = args.out / "points" / f"{name}.json"
         point = json.loads(path.read_text())
-        encoder = args.encoder or point["encoder"]
+        encoder = args.encoder or ROOT / point["encoder"]  # relative to the checkout, unless made elsewhere
         started = time.perf_counter()
         scores = finetune_point(encoder, list(SIGNAL_TASKS), args.seeds, workers=2, cfg=cfg)
         point["finetune"] = scores

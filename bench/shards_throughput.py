@@ -152,6 +152,8 @@ def make_corpus(work: Path, mirror: Path, megabytes: float) -> tuple[Path, dict]
 
 
 def main() -> None:
+    from electralab.train.perf import cpu_model
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=float, nargs="+", default=[20, 80], help="corpus sizes in MB")
     ap.add_argument("--repeat", type=int, default=3)
@@ -250,7 +252,7 @@ def main() -> None:
         "rows": rows,
         "machine": {
             "cpus": os.cpu_count(),
-            "processor": _cpu_model(),
+            "processor": cpu_model(),
             "python": platform.python_version(),
             "loadavg_end": os.getloadavg(),
         },
@@ -261,16 +263,6 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "shards_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"-> {args.out / 'shards_throughput.json'}")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

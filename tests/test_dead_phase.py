@@ -46,6 +46,13 @@ def test_every_candidate_is_a_list_of_sets_and_warmups_follow_the_budget():
     assert steps == 16000 and sets == ["pretrain.batch_size=16", "pretrain.micro_batch_size=16", "pretrain.seed=1"]
 
 
+def test_a_fine_tuned_point_shows_its_signal_and_the_others_a_dash():
+    scores = {"stsb": (70.0, [70.0, 71.0, 69.0]), "mrpc": (71.0, [71.0, 70.0, 72.0]), "cola": (0.0, [0.0, 0.0, 0.0])}
+    point = {"finetune": {t: {"median": m, "seeds": dict(enumerate(v, 1))} for t, (m, v) in scores.items()}}
+    assert dead_phase.finetuned(point) == "47.0 (70.0, 71.0, 0.0; 3 seeds)"
+    assert dead_phase.finetuned({"trace": {}}) == "-"
+
+
 def sweep(*args, out: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "bench" / "dead_phase.py"), "--out", str(out), *args],
@@ -84,14 +91,13 @@ def test_a_point_runs_records_its_trace_and_is_not_run_again(tmp_path, shards_di
     assert again.returncode == 0 and "1 of 1 points done; 0 to run" in again.stdout
 
 
-def test_the_findings_page_shows_the_committed_points_as_the_bench_renders_them(capsys):
+@pytest.mark.parametrize("folder, marker", [("dead_phase", "dead_phase table"), ("dead_phase_signal", "signal table")])
+def test_the_findings_page_shows_the_committed_points_as_the_bench_renders_them(capsys, folder, marker):
     import argparse
 
-    dead_phase.table(argparse.Namespace(out=ROOT / "results" / "dead_phase"))
+    dead_phase.table(argparse.Namespace(out=ROOT / "results" / folder))
     rendered = capsys.readouterr().out.strip()
     page = (ROOT / "docs" / "findings.md").read_text()
-    shown = page.split("<!-- dead_phase table -->\n", 1)[1].split("\n<!-- end dead_phase table -->", 1)[0]
-    assert shown.strip() == rendered, (
-        "docs/findings.md: run `python bench/dead_phase.py --out results/dead_phase table`"
-    )
-    assert rendered.count("\n| electra |") >= 16
+    shown = page.split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- end {marker} -->", 1)[0]
+    assert shown.strip() == rendered, f"docs/findings.md: run `python bench/dead_phase.py --out results/{folder} table`"
+    assert rendered.count("\n| electra |") >= {"dead_phase": 16, "dead_phase_signal": 2}[folder]
