@@ -145,8 +145,7 @@ def run_point(args) -> None:
 
     from electralab.errors import ConfigError
     from electralab.io import write_json
-    from electralab.train.common import resolve_precision
-    from electralab.train.perf import cpu_model
+    from electralab.train.common import cpu_model, resolve_precision
 
     torch.set_num_threads(args.threads)
     sets, steps = point_sets(args.candidate, args.steps, args.set, args.seed)
@@ -301,8 +300,9 @@ def finetuned(point: dict) -> str:
         return "-"
     from signal_sweep import SIGNAL_TASKS, signal
 
-    medians = ", ".join(f"{point['finetune'][t]['median']:.1f}" for t in SIGNAL_TASKS if t in point["finetune"])
-    seeds = min(len(point["finetune"][t]["seeds"]) for t in SIGNAL_TASKS if t in point["finetune"])
+    present = [point["finetune"][t] for t in SIGNAL_TASKS if t in point["finetune"]]
+    medians = ", ".join(f"{task['median']:.1f}" for task in present)
+    seeds = min(len(task["seeds"]) for task in present)
     return f"{signal(point, SIGNAL_TASKS)[0]:.1f} ({medians}; {seeds} seeds)"
 
 

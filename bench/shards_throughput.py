@@ -152,7 +152,7 @@ def make_corpus(work: Path, mirror: Path, megabytes: float) -> tuple[Path, dict]
 
 
 def main() -> None:
-    from electralab.train.perf import cpu_model
+    from electralab.train.common import cpu_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=float, nargs="+", default=[20, 80], help="corpus sizes in MB")

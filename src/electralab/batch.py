@@ -30,7 +30,7 @@ class Batch:
         cut into consecutive pieces, its masked positions where they were. Pieces holding only [PAD] are left
         out (padding sits at a row's end, so a piece is kept where its first token is real): a row with no key
         to attend to has no defined attention."""
-        rows, width = self.input_ids.shape
+        width = self.input_ids.shape[1]
         if width % length:
             raise ValueError(f"Batch.split: length {length} does not divide the sequence length {width}")
         pieces = {f.name: getattr(self, f.name).reshape(-1, length) for f in fields(self)}

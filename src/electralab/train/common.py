@@ -59,6 +59,15 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the provenance of a measurement; the platform's name elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def resolve_precision(precision: str, device: torch.device) -> str:
     """ "auto" -> "bf16" on CUDA with bf16 and on CPUs with native bf16, else "fp32"; others as given."""
     if precision not in PRECISIONS:

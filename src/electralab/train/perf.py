@@ -49,17 +49,3 @@ def peak_flops(device: torch.device, precision: str = "fp32") -> float | None:
     if device.type == "cpu":
         return cpu_matmul_peak(dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
     return None
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), for the provenance of a measurement; the platform's name elsewhere."""
-    import platform
-    from pathlib import Path
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
