@@ -9,7 +9,7 @@
 What it does, in order (docs/operations.md explains each choice):
 
 1. Checks the preset, tables and runs against params.yaml (electralab.config / electralab.runs) and fails
-   before any work, naming the bad value and the allowed ones.
+   before any work (from the command line, before Prefect starts), naming the bad value and the allowed ones.
 2. Picks the workspace: the project itself for params.yaml's preset; for another preset a workspace under
    .electralab/workspaces/<preset>/ (a copy of the sources with that preset selected, sharing the project's
    DVC cache and MLflow store), so the user's params.yaml is never rewritten.
@@ -123,11 +123,12 @@ def fail(e: Exception) -> NoReturn:
 
 if __name__ == "__main__":
     ARGS = arguments()
-    if ARGS.targets:  # answered before Prefect's import below: seconds, and no Prefect needed
-        try:
-            print_targets(ARGS)
-        except ConfigError as e:
-            fail(e)
+    try:  # a bad preset, table, run or project fails here in seconds, before Prefect and its temporary server
+        make_plan(allowed_project(ARGS.project), ARGS.preset, ARGS.tables, ARGS.runs)
+    except ConfigError as e:
+        fail(e)
+    if ARGS.targets:  # answered before Prefect's import below: no Prefect needed
+        print_targets(ARGS)
         sys.exit(0)
     if ARGS.no_prefect:
         run_without_prefect(ARGS)

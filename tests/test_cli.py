@@ -104,3 +104,35 @@ def test_a_forked_child_ends_on_sigterm_as_without_the_stages_handlers(tmp_path)
     )
     assert proc.returncode == 0 and "Stopped" not in proc.stderr, proc.stderr
     assert proc.stdout == f"child exit {-signal.SIGTERM}\n", proc.stdout
+
+
+def test_a_full_disk_anywhere_in_the_errors_chain_ends_a_stage_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
+    """torch, MLflow and SQLAlchemy wrap a full disk in their own errors: the stage still says what it is."""
+    import errno
+    import sqlite3
+
+    def store_full():
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as e:
+            raise RuntimeError("(sqlite3.OperationalError) database or disk is full [SQL: INSERT ...]") from e
+
+    def file_full():
+        raise OSError(errno.ENOSPC, "No space left on device", "models/electra/encoder/weights.pt")
+
+    for action, says in (
+        (store_full, "no space left for the tracking store (SQLite: database or disk is full)"),
+        (file_full, "no space left on the device writing models/electra/encoder/weights.pt"),
+    ):
+        exited = run(stage_that(action), tmp_path, monkeypatch)
+        assert exited is not None and exited.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: demo: {says}; free some space and run the same command again") and (
+            err.count("\n") == 1
+        ), err
+
+    def bug():
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):  # anything else keeps its traceback
+        run(stage_that(bug), tmp_path, monkeypatch)

@@ -25,6 +25,7 @@ from ops_helpers import (
     api,
     flow_env,
     flow_run_named,
+    flow_runs,
     make_project,
     reproduce_cmd,
     task_runs,
@@ -160,14 +161,18 @@ def test_the_plan_names_a_bad_value_and_the_allowed_ones(kwargs, message):
         make_plan(ROOT, **kwargs)
 
 
-def test_a_flow_with_a_bad_preset_table_or_run_fails_in_prefect_before_any_work(tmp_path, prefect_api):
+def test_a_flow_with_a_bad_preset_table_or_run_fails_before_any_work(tmp_path, prefect_api):
+    """From the command line a bad value fails before Prefect is imported (so before its temporary server
+    starts); through the flow API, as a deployment's parameters arrive, the flow run fails in Prefect."""
     project = make_project(tmp_path / "project")
     env = flow_env(project, prefect_api, tmp_path / "mlflow.db")
     before = (project / "dvc.yaml").stat().st_mtime_ns, sorted(p.name for p in project.iterdir())
 
-    proc = flow(project, env, "--preset", "huge", "--runs", "mlm")
+    no_prefect = {**env, "PYTHONPATH": os.pathsep.join([refusing_prefect(tmp_path), env["PYTHONPATH"]])}
+    proc = flow(project, no_prefect, "--preset", "huge", "--runs", "mlm")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "error: preset 'huge' is not a preset of" in proc.stderr and "'tiny', 'small'" in proc.stderr
+    assert "Traceback" not in proc.stderr
     # The flow API too (a deployment's parameters reach the flow function, not the CLI).
     code = (
         "import sys; sys.path.insert(0, 'flows'); from reproduce import reproduce\n"
@@ -182,13 +187,13 @@ def test_a_flow_with_a_bad_preset_table_or_run_fails_in_prefect_before_any_work(
     assert "ConfigError run 'nope' is not in params.yaml runs; known runs: control, mlm, electra" in proc.stdout
 
     for name, value in (
-        ("huge: mlm", "'huge'"),
         ("params.yaml: amos/table99", "'amos/table99'"),
         ("params.yaml: mlm, nope", "'nope'"),
     ):
         flow_run = flow_run_named(prefect_api, name)
         assert flow_run["state_type"] == "FAILED" and value in flow_run["state"]["message"], flow_run["state"]
         assert task_runs(prefect_api, flow_run["id"]) == []  # not one stage started
+    assert "huge: mlm" not in [r["name"] for r in flow_runs(prefect_api)]  # the command line never reached Prefect
     assert ((project / "dvc.yaml").stat().st_mtime_ns, sorted(p.name for p in project.iterdir())) == before
 
 
@@ -205,6 +210,16 @@ def test_a_flow_run_cannot_be_pointed_at_another_directory(tmp_path, prefect_api
         f"error: project '{other}' is not this flow's project ({project}) nor listed in $ELECTRALAB_PROJECTS"
         in proc.stderr
     )
+    # As a deployment's parameter it reaches the flow function, whose run fails in Prefect with no stage run.
+    code = (
+        "import sys; sys.path.insert(0, 'flows'); from reproduce import reproduce\n"
+        f"try: reproduce(runs=['mlm'], project={str(other)!r})\n"
+        "except Exception as e: print(type(e).__name__, e)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True, timeout=FLOW_TIMEOUT
+    )
+    assert f"ConfigError project '{other}' is not this flow's project" in proc.stdout, proc.stderr[-2000:]
     flow_run = flow_run_named(prefect_api, "params.yaml: mlm")
     assert flow_run["state_type"] == "FAILED" and task_runs(prefect_api, flow_run["id"]) == []
     assert sorted(p.name for p in other.iterdir()) == before  # nothing ran there

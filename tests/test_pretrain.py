@@ -427,6 +427,50 @@ def test_only_the_newest_corrupt_checkpoint_is_kept_aside(tmp_path, capsys):
         previous = aside[0]
 
 
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A real file system of 64 KiB (tmpfs): too small for an encoder. Mounting needs root, as CI's machine has."""
+    where = tmp_path / "small-disk"
+    where.mkdir()
+    mounted = os.geteuid() == 0 and (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True).returncode
+        == 0
+    )
+    if not mounted:
+        pytest.skip("mounting a small tmpfs needs root (CAP_SYS_ADMIN)")
+    yield where
+    # lazily: torch's file of the failed write stays open until the error that holds its frames is collected
+    subprocess.run(["umount", "--lazy", str(where)], check=True)
+
+
+def test_a_full_disk_at_the_outputs_fails_the_mlflow_run_keeps_the_checkpoint_and_leaves_nothing_partial(
+    project, tmp_path, tracking, small_disk
+):
+    """The error after the loop: torch.save reports a full disk as a RuntimeError with no errno; it reaches the
+    stage as the OSError(ENOSPC) it is, naming the file. With room again the same call finishes the same run."""
+    import errno
+
+    from electralab.io import disk_full
+    from electralab.train.loop import pretrain
+
+    run_ = resolved(project, "electra")
+    shards, scratch = project / "data" / "shards", tmp_path / "scratch"
+    with pytest.raises(OSError) as raised:
+        pretrain(run_, shards, small_disk / "electra", scratch, show_progress=False)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename.startswith(str(small_disk / ".tmp-electra-"))
+    assert disk_full(raised.value).startswith(f"no space left on the device writing {small_disk}/.tmp-electra-")
+    assert list(small_disk.iterdir()) == []  # nothing partial
+    assert torch.load(scratch / "state.pt", weights_only=False)["step"] == run_.pretrain.steps  # the work is kept
+    client = mlflow_client(tracking)
+    failed = only_run(client, "electra")
+    assert failed.info.status == "FAILED" and "No space left on device" in failed.data.tags["error"]
+
+    summary = pretrain(run_, shards, tmp_path / "out", scratch, show_progress=False)
+    finished = only_run(client, "electra")  # the same run, resumed from the final checkpoint, now FINISHED
+    assert finished.info.run_id == failed.info.run_id and finished.info.status == "FINISHED"
+    assert summary["steps"] == run_.pretrain.steps and (tmp_path / "out" / "encoder").is_dir()
+
+
 # ---- in-process: NaN guard, accumulation, config errors ---------------------------------------------
 
 

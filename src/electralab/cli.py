@@ -15,8 +15,8 @@
 A stage takes every path it reads or writes from its command line, so that dvc.yaml names each one once, in
 the stage's `cmd` beside its deps and outs, and a stage runs by hand with the same arguments; relative paths
 are the working directory's (the project root, where DVC runs stages). `arguments` adds them to the parser.
-Expected errors (bad configuration, bad input data, a diverged run, the same stage already running)
-print `error: <message>` on stderr and exit with status 2, without a traceback; anything else is a bug
+Expected errors (bad configuration, bad input data, a diverged run, the same stage already running, a full
+disk) print `error: <message>` on stderr and exit with status 2, without a traceback; anything else is a bug
 and keeps its traceback.
 
 A stop signal ends a stage with one line and no traceback: SIGTERM (`kill`, `timeout`, systemd, a container's
@@ -54,6 +54,7 @@ from typing import Callable, Iterator
 from electralab.config import Params, load_params
 from electralab.env import repo_root
 from electralab.errors import EXIT_BAD_INPUT, EXPECTED_ERRORS, StageBusy, Stopped
+from electralab.io import disk_full
 
 THREADS_ENV, VERBOSE_ENV = "ELECTRALAB_THREADS", "ELECTRALAB_VERBOSE"
 # Library loggers whose INFO lines drown a stage's own output, and the level they get unless verbose.
@@ -159,6 +160,15 @@ def run_stage(
     except Stopped as e:
         print(f"{stage}: {e}; run the same command again (`dvc repro`, `make repro`) to go on", file=sys.stderr)
         sys.exit(128 + e.signum)
+    except Exception as e:
+        if (full := disk_full(e)) is None:
+            raise  # a bug: its traceback
+        print(
+            f"error: {stage}: {full}; free some space and run the same command again (`dvc repro`, `make repro`): "
+            "finished outputs and the last checkpoint are kept",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_BAD_INPUT)
 
 
 @contextmanager

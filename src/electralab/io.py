@@ -7,6 +7,7 @@ previous output stays untouched or there is none; half-written data only ever li
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -30,6 +31,32 @@ def _clear_stale(final: Path) -> None:
         _remove(stale)
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+FULL_BELOW = 1 << 20  # bytes left on a file system under which a failed write is taken for a full disk
+
+
+@contextmanager
+def written(tmp: Path) -> Iterator[None]:
+    """A write into the temporary `tmp`: on any error `tmp` is removed, and a write that failed on a full disk
+    is raised as the OSError(ENOSPC) it is, naming `tmp`. torch.save reports a full disk as a RuntimeError
+    ("unexpected pos ...") with no errno; whether the disk is full is read before `tmp` frees its space."""
+    try:
+        yield
+    except BaseException as error:
+        full = None
+        if isinstance(error, Exception) and not (isinstance(error, OSError) and error.errno in DISK_FULL):
+            try:
+                stat = os.statvfs(tmp.parent)
+                if stat.f_bavail * stat.f_frsize < FULL_BELOW:
+                    full = OSError(errno.ENOSPC, f"No space left on device ({type(error).__name__}: {error})", str(tmp))
+            except OSError:
+                pass
+        _remove(tmp)
+        if full is not None:
+            raise full from error
+        raise
+
+
 @contextmanager
 def atomic_dir(final: str | Path) -> Iterator[Path]:
     """Yield an empty temporary directory; on success it replaces `final`, on error it is removed."""
@@ -37,11 +64,8 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     _clear_stale(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-    try:
+    with written(tmp):
         yield tmp
-    except BaseException:
-        _remove(tmp)
-        raise
     _remove(final)
     os.replace(tmp, final)
 
@@ -55,12 +79,23 @@ def atomic_file(final: str | Path) -> Iterator[Path]:
     fd, name = tempfile.mkstemp(prefix=f".tmp-{final.name}-", dir=final.parent)
     os.close(fd)
     tmp = Path(name)
-    try:
+    with written(tmp):
         yield tmp
-    except BaseException:
-        _remove(tmp)
-        raise
     os.replace(tmp, final)
+
+
+def disk_full(error: BaseException) -> str | None:
+    """What a full disk (or quota) that caused `error` says, found anywhere in its chain (torch, MLflow and
+    SQLAlchemy wrap it), or None. The caller names the stage; this names the path where there is one."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            return f"no space left on the device writing {error.filename}" if error.filename else str(error)
+        if "database or disk is full" in str(error):  # SQLite: the MLflow store's disk
+            return "no space left for the tracking store (SQLite: database or disk is full)"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def fsync(path: str | Path) -> None:

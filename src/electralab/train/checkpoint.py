@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from electralab.io import fsync, read_json, sha256_file, write_json
+from electralab.io import fsync, read_json, sha256_file, write_json, written
 
 STATE, PREVIOUS, CHECKSUMS, MLFLOW = "state.pt", "state.prev.pt", "checksums.json", "mlflow.json"
 
@@ -97,7 +97,7 @@ class Checkpointer:
             stale.unlink(missing_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".tmp-{STATE}-", dir=self.directory)
         os.close(fd)
-        with open(name, "wb") as f:
+        with written(Path(name)), open(name, "wb") as f:
             torch.save({**state, "fingerprint": self.fingerprint}, f)
             f.flush()
             os.fsync(f.fileno())

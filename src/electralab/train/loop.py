@@ -289,8 +289,12 @@ def pretrain(
         summary["mlflow_run_id"] = tracker.run_id  # the report matches the workspace's outputs to their run
         # Outputs, then MLflow; the caller clears the scratch last, after its metrics file: a kill anywhere
         # in between resumes from the final checkpoint and redoes only these steps (docs/training.md).
-        write_outputs(objective, out_dir, checkpointer, summary, vocab_dir)
-        tracker.finish(summary, out_dir)
+        try:
+            write_outputs(objective, out_dir, checkpointer, summary, vocab_dir)
+            tracker.finish(summary, out_dir)
+        except BaseException as error:  # a full disk, a stop: not finished, and MLflow says so
+            tracker.fail(error)
+            raise
         print(
             f"pretrain {run.name}: {step} steps, loss {summary.get('loss', float('nan')):.4f}, "
             f"{summary.get('tokens_per_s', 0.0):.0f} tokens/s, {summary['wall_hours'] * 60:.1f} min -> {out_dir}"
