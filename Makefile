@@ -6,6 +6,7 @@
 #   make test-fast  the same without the tests that start servers or run the pipeline's stages (minutes)
 # and the rest:
 #   make repro-all  every run of every table and figure (`dvc repro`): about 21 hours on 2 CPU cores (docs/operations.md)
+#   make results    after a repro: the report's numbers into results/<preset>/, the README and docs/results.md
 # Offline (no Hugging Face hub), point ELECTRALAB_DATA at a local mirror: ELECTRALAB_DATA=../shared/data
 # `make test` also needs Debian's chromium + chromium-driver (the UI tests): installed here when missing, as root.
 
@@ -15,7 +16,7 @@ BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup browser repro repro-all lint test test-fast bench clean-venv
+.PHONY: setup browser repro repro-all results lint test test-fast bench clean-venv
 
 HEADLINE := coco-lm/table1 amos/table1 teams/table1
 
@@ -61,6 +62,11 @@ test: setup browser lint
 # The edit-run loop: every test that starts no server and runs no project's stages (tests/conftest.py marks them).
 test-fast: setup lint
 	pytest -n 2 --dist loadgroup -m "not slow and not pipeline"
+
+# The committed results: the built report's tables, claims, figures and provenance -> results/<preset>/, and the
+# README's headline and docs/results.md rendered from them (electralab/report/snapshot.py).
+results: setup
+	python -m electralab.report.snapshot --tables $(HEADLINE)
 
 bench: setup
 	python bench/shards_throughput.py

@@ -145,7 +145,7 @@ def run_point(args) -> None:
 
     from electralab.errors import ConfigError
     from electralab.io import write_json
-    from electralab.train.common import cpu_model, resolve_precision
+    from electralab.train.common import machine, resolve_precision
 
     torch.set_num_threads(args.threads)
     sets, steps = point_sets(args.candidate, args.steps, args.set, args.seed)
@@ -191,7 +191,7 @@ def run_point(args) -> None:
         "paused": result["paused"],
         "minutes": result["minutes"],
         "encoder": project_relative(result["encoder"]),
-        "device": torch.cuda.get_device_name() if gpu else cpu_model(),
+        "device": machine(device),
         "precision": resolve_precision("auto", device),
         "threads": args.threads,
         "load_at_start": load,

@@ -171,6 +171,10 @@ def finetune_tags(run: str, task: str, checkpoint: str = "final") -> dict:
     }
 
 
+# What train/loop.py tags a pretraining run with for its provenance (the report's provenance.csv)
+PROVENANCE_TAGS = {"git_sha": "0123456789abcdef", "precision": "bf16", "machine": "Test CPU", "load_at_start": "1.5"}
+
+
 def populate(client, experiment: str, vocab_dir: Path, work: Path) -> None:
     from mlflow.entities import Metric
 
@@ -183,7 +187,8 @@ def populate(client, experiment: str, vocab_dir: Path, work: Path) -> None:
             client,
             experiment,
             run,
-            {"run": run, "method": run.split("_")[0], "tables": "", "preset": "tiny", "stage": "pretrain", "seed": "1"},
+            {"run": run, "method": run.split("_")[0], "tables": "", "preset": "tiny", "stage": "pretrain", "seed": "1"}
+            | PROVENANCE_TAGS,
             params={"pretrain.steps": STEPS},
             status="RUNNING",
             start=t0 + i,

@@ -10,6 +10,8 @@ writes, atomically (a failed build leaves the previous directory untouched):
     reports/tables/<paper>_<table>.md  one table, Markdown
     reports/tables/<paper>_<table>.csv one line per (row, column): ours, std, min, max, published, diff
     reports/claims.csv                 every comparison a table makes: ours, spread, p, paper, verdict
+    reports/provenance.csv             the pretraining runs read: MLflow run, commit, precision, machine, load
+    reports/built.json                 the preset and when the report was built
     reports/figures/<paper>_<fig>.png  the figures
     reports/plots/<paper>_<fig>.csv    the figures' series, for `dvc plots show`
 
@@ -29,9 +31,10 @@ from typing import Iterable
 import pandas as pd
 
 from electralab import tracking
-from electralab.io import atomic_dir
+from electralab.io import atomic_dir, write_json
 from electralab.report import figures as F
 from electralab.report.build import (
+    PROVENANCE,
     BuiltTable,
     Results,
     WorkspaceState,
@@ -249,10 +252,18 @@ def provenance(results: Results, state: WorkspaceState | None) -> list[str]:
         if state is not None
         else "the latest finished run of each name (no workspace state given)"
     )
-    out = [f"Numbers come from {where}.", "", "| run | MLflow run | DVC experiment | steps |", "|---|---|---|---|"]
+    out = [
+        f"Numbers come from {where}.",
+        "",
+        "| run | MLflow run | DVC experiment | steps | commit | precision | machine | load at start | ended (UTC) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results.pretrain.sort_values("run").itertuples():
         steps = "" if pd.isna(r.steps) else f"{r.steps:.0f}"
-        out.append(f"| `{r.run}` | {r.run_id[:8]} | {r.dvc_exp or 'workspace'} | {steps} |")
+        out.append(
+            f"| `{r.run}` | {r.run_id[:8]} | {r.dvc_exp or 'workspace'} | {steps} | {r.commit[:7]} | {r.precision} "
+            f"| {r.machine} | {r.load_at_start} | {r.ended} |"
+        )
     for run in results.stale:
         out.append(
             f"\n`{run}`: its fine-tuning is of another pretraining run than models/{run} (stale; "
@@ -291,6 +302,7 @@ def build_report(
         mark_verdicts(table, claims[key])
     out_dir = Path(out_dir)
     figure_paths: dict[str, Path] = {}
+    built = datetime.now(timezone.utc)
     with atomic_dir(out_dir) as tmp:
         for sub in ("tables", "figures", "plots"):
             (tmp / sub).mkdir()
@@ -302,6 +314,9 @@ def build_report(
             markdown.append(md)
         all_claims = pd.concat(list(claims.values()), ignore_index=True)
         all_claims.to_csv(tmp / "claims.csv", index=False, float_format="%.6g")
+        columns = ["run", "method", "run_id", "dvc_exp", "steps", *PROVENANCE, "ended"]
+        results.pretrain[columns].sort_values("run").to_csv(tmp / "provenance.csv", index=False)
+        write_json(tmp / "built.json", {"preset": preset, "built_utc": f"{built:%Y-%m-%d %H:%M}"})
         for key, (figure, series) in make_figures(results, sources).items():
             F.save(figure, tmp / "figures" / f"{stem(key)}.png")
             if series is not None:
@@ -309,7 +324,7 @@ def build_report(
             figure_paths[key] = out_dir / "figures" / f"{stem(key)}.png"
         title = f"electralab report — {preset} preset"
         intro = [
-            f"Built {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from MLflow experiment "
+            f"Built {built:%Y-%m-%d %H:%M} UTC from MLflow experiment "
             f"{tracking.experiment_name(preset)} ({results.tracking_uri})."
         ]
         if sources.note:

@@ -213,9 +213,13 @@ def _missing(parents: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+# A pretraining run's provenance, from its tags (train/loop.py): column -> tag. Older runs lack some: "".
+PROVENANCE = {"commit": "git_sha", "precision": "precision", "machine": "machine", "load_at_start": "load_at_start"}
+
+
 def _pretrain_runs(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
-        return pd.DataFrame(columns=["run", "method", "run_id", "steps", "dvc_exp"])
+        return pd.DataFrame(columns=["run", "method", "run_id", "steps", "dvc_exp", *PROVENANCE, "ended"])
     runs = _latest_finished(runs.assign(run=_tag(runs, "run", "")), ["run"])
     out = pd.DataFrame(
         {
@@ -224,6 +228,8 @@ def _pretrain_runs(runs: pd.DataFrame) -> pd.DataFrame:
             "run_id": runs["run_id"],
             "steps": pd.to_numeric(runs.get("params.pretrain.steps"), errors="coerce"),
             "dvc_exp": _tag(runs, "dvc_exp", ""),
+            **{name: _tag(runs, tag, "") for name, tag in PROVENANCE.items()},
+            "ended": pd.to_datetime(runs["end_time"], utc=True).dt.strftime("%Y-%m-%d %H:%M"),
         }
     )
     for column in runs:

@@ -68,6 +68,14 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
+def machine(device: torch.device) -> str:
+    """What a run trains on, for its provenance: the GPU's name (and how many), or the CPU's model name."""
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        return torch.cuda.get_device_name(device) + (f" x{count}" if count > 1 else "")
+    return cpu_model()
+
+
 def resolve_precision(precision: str, device: torch.device) -> str:
     """ "auto" -> "bf16" on CUDA with bf16 and on CPUs with native bf16, else "fp32"; others as given."""
     if precision not in PRECISIONS:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -38,7 +39,14 @@ from electralab.model.encoder import count_parameters, set_dropout
 from electralab.objectives import Objective, build_objective
 from electralab.runs import ResolvedRun
 from electralab.train.checkpoint import Checkpointer, write_meta
-from electralab.train.common import autocast, cpu_has_native_bf16, linear_schedule, make_adamw, resolve_precision
+from electralab.train.common import (
+    autocast,
+    cpu_has_native_bf16,
+    linear_schedule,
+    machine,
+    make_adamw,
+    resolve_precision,
+)
 from electralab.train.diagnostics import HeldOut, collapse, guard_active
 from electralab.train.perf import count_flops, peak_flops
 from electralab.train.track import Tracker
@@ -114,7 +122,14 @@ def pretrain(
     )
     if tracker:
         checkpointer.record_mlflow_run(tracker.run_id)
-        tracker.tag(precision=precision, cpu_native_bf16=cpu_has_native_bf16())
+        # provenance (the report's "Where the numbers come from"); load: the 1-minute load average as this
+        # attempt starts, since a shared machine's load decides its times
+        tracker.tag(
+            precision=precision,
+            cpu_native_bf16=cpu_has_native_bf16(),
+            machine=machine(device),
+            load_at_start=f"{os.getloadavg()[0]:.1f}",
+        )
     heldout = (
         HeldOut.from_shards(shards_dir, run.settings.masking, cfg.guard.batches, cfg.micro_batch_size, run.seed, device)
         if dist.is_main and objective.trains
