@@ -17,7 +17,7 @@ where the trials' own seconds (model built to last evaluation, summed) come from
 and the trials at once are min(trials, the local Ray's CPUs / CPUs per trial, max_concurrent), from the
 cut-down preset's `finetune.resources` as the stage reads them. The trials at once
 assume the trials pack perfectly, which favours the stage a little. Prints a Markdown table (medians over
-the repeats) and writes bench/out/finetune_overhead.json. docs/performance.md has the figures.
+the repeats) and writes bench/out/finetune_overhead.json. docs/findings.md ("Speed") has the figures.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ built once under `--out/data`, as bench/signal_sweep.py does. `--set section.key
 run's scale (model, generators, pretrain: its budget's), of the preset (finetune, vocab) or of the method's
 settings (settings.<key>); a value is read as YAML, e.g. `--set finetune.grids.glue_small.lr=[3e-4]`.
 A `vocab.<key>` (e.g. `--set vocab.size=4096`) builds the vocabulary and shards again beside the preset's.
-docs/training.md and docs/reproducing.md cite its runs.
+docs/training.md and docs/findings.md cite its runs.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def resolved(run_name: str, steps: int):
 
     run = resolve_run(load_params(ROOT / "params.yaml"), run_name)
     # The guard measures at the preset's cadence, as in the stage, but a dead phase cannot stop the run:
-    # a short run is still in it (docs/reproducing.md), and this bench times the loop, not the run.
+    # a short run is still in it (docs/findings.md), and this bench times the loop, not the run.
     guard = dataclasses.replace(run.pretrain.guard, max_token_cosine=1.0, min_base_rate_gain=0.0)
     return dataclasses.replace(run, pretrain=dataclasses.replace(run.pretrain, steps=steps, guard=guard))
 

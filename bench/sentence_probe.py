@@ -6,7 +6,7 @@ the lexical-overlap baseline that needs no model at all.
     # options: --max-len 128  --threads 2  --out bench/out/sentence_probe.json
 
 Why: at the tiny preset ELECTRA's encoder fine-tunes to STS-B Spearman 75 and MLM's to 13-18, the control's
-(no pretraining) to 17 (docs/reproducing.md). This says where that difference lives. Every encoder is frozen
+(no pretraining) to 17 (docs/findings.md). This says where that difference lives. Every encoder is frozen
 (eval mode, fp32); STS-B train (5,749 pairs) fits the probes, dev (1,500) scores them, Spearman x 100:
 
 - overlap: the Jaccard overlap of the two sentences' sets of lower-cased words, and of their sets of BPE

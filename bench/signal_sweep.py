@@ -20,7 +20,7 @@ with no pretraining at all (the control). Results land in `--out`:
 
 Every finished point is kept (`points/<method>-<steps>.json`): an interrupted sweep resumes where it
 stopped. The data (corpus, vocabulary, shards of the preset) is built once under `--out/data`.
-docs/reproducing.md reads the sweep that chose the default preset.
+docs/findings.md ("How the tiny preset was chosen") reads the sweep that chose the default preset.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""bench/sentence_probe.py's parts (docs/finetuning.md, "Epochs", quotes its figures): the ridge probe finds a
-linear signal among noise and finds none where there is none, the overlap baseline is Jaccard's, and the layer
-states are each sequence's [CLS] and mean over its real tokens, whatever the padding of its batch."""
+"""bench/sentence_probe.py's parts (docs/findings.md, "What a frozen encoder holds: the sentence probes", quotes
+its figures): the ridge probe finds a linear signal among noise and finds none where there is none, the overlap
+baseline is Jaccard's, and the layer states are each sequence's [CLS] and mean over its real tokens, whatever the
+padding of its batch."""
 
 from __future__ import annotations
 

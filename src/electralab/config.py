@@ -303,7 +303,8 @@ class PretrainConfig:
     num_workers: int = bounded(1, lo=1, hi=4096)  # data-parallel ranks; > 1 runs under Ray Train
     use_gpu: bool = False
     # bf16 autocast where the hardware computes bf16 natively (CUDA; CPUs with AVX512-BF16/AMX), else
-    # fp32; "fp32" / "bf16" force one. Detected once at the start and logged (docs/performance.md).
+    # fp32; "fp32" / "bf16" force one. Detected once at the start and logged (docs/findings.md, "Precision:
+    # bf16 against fp32").
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     log_every: int = bounded(10, lo=1)
     checkpoint_every: int = bounded(1000, lo=1)

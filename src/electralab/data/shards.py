@@ -20,8 +20,8 @@ Output (`out_dir`, written to a temporary directory and renamed at the end):
     manifest.json              counts, per-file sha256, dtype, seq_len, vocab size, config hash
 
 Speed: workers read Parquet row groups themselves and encode word by word through a cache
-(WordCachedEncoder), returning numpy arrays; the main process only packs and writes. docs/performance.md
-has the figures against a plain `datasets.map` baseline.
+(WordCachedEncoder), returning numpy arrays; the main process only packs and writes. docs/findings.md
+("Speed") has the figures against a plain `datasets.map` baseline.
 """
 
 from __future__ import annotations

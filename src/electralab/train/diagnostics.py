@@ -21,8 +21,9 @@ every time (the shards' validation split, in eval mode, with fixed random number
 - `attention_entropy_<layer>` and their mean `attention_entropy`: how evenly the main encoder's real tokens
   attend, per layer, as the mean entropy of their attention distributions over the entropy of the uniform
   one over the real keys (1.0: every token attends evenly to all). The dead phase of small ELECTRA-style
-  runs (docs/reproducing.md) looks like the plateau that Gopalani and Hu (NeurIPS 2025, arXiv 2506.13688)
-  trace to slowly learned attention; this is the probe that says whether ours is one.
+  runs (docs/findings.md, "The dead phase across methods") looks like the plateau that Gopalani and Hu
+  (NeurIPS 2025, arXiv 2506.13688) trace to slowly learned attention; this is the probe that says whether ours
+  is one.
 - `detector_unigram_gain`: the detector's gain over the base rate on a task that never changes: the same
   masked positions holding tokens drawn from the held-out text's own unigram distribution (a fixed draw).
   A detector that reads context finds random words in a sentence easy; one that only learned which tokens
