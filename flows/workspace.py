@@ -9,6 +9,7 @@ choices.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,11 +22,14 @@ from logging import Logger, LoggerAdapter
 from pathlib import Path
 from typing import Callable
 
+import yaml
+
 from electralab.config import PRESETS, load_params, parse_params
 from electralab.errors import ConfigError
 from electralab.runs import TABLES, cheapest_first, check_run, resolve_all, runs_for_tables
 
 PROJECT = Path(__file__).resolve().parents[1]
+PROBE_SECONDS = 5  # of timed pretraining steps behind the first ETA (probe_pace), after a warm-up
 WORKSPACES = Path(".electralab") / "workspaces"  # under the project; ignored by git and DVC
 SOURCES = ("dvc.yaml", ".dvcignore", "stages", "src")  # what a preset workspace copies from the project
 PROGRESS = re.compile(r"\d+%\|")  # a tqdm progress line
@@ -279,12 +283,14 @@ def outcome(target: str, output: str) -> str:
 
 class Pace:
     """The time the rest of a plan will take at this machine's pace so far: pretraining's seconds per unit of
-    training_cost (a run's tokens x weights), and the mean seconds of each other kind of stage that ran."""
+    training_cost (a run's tokens x weights), and the mean seconds of each other kind of stage that ran. Before
+    any pretraining has run here, a probe's seconds per cost stand in (`probed`)."""
 
     def __init__(self, plan: Plan):
         self.cost = dict(zip(plan.runs, plan.costs))
         self.pretrain_seconds = self.pretrain_cost = 0.0  # of the pretraining stages that ran
         self.seconds: dict[str, list[float]] = defaultdict(list)
+        self.probed: float | None = None  # seconds per unit of cost, from probe_pace
 
     def record(self, target: str, result: str, seconds: float) -> None:
         kind, _, run = target.partition("@")
@@ -297,20 +303,52 @@ class Pace:
             self.seconds[kind].append(seconds)
 
     def left(self, stages: list[str]) -> float | None:
-        """Seconds for `stages`, or None until every kind among them has been measured once."""
+        """Seconds for `stages`, or None until pretraining's pace (measured or probed) and fine-tuning's are known."""
         total = 0.0
         for target in stages:
             kind, _, run = target.partition("@")
             if kind == "pretrain":
                 if self.cost.get(run):
-                    if not self.pretrain_cost:
+                    rate = self.pretrain_seconds / self.pretrain_cost if self.pretrain_cost else self.probed
+                    if rate is None:
                         return None
-                    total += self.cost[run] * self.pretrain_seconds / self.pretrain_cost
+                    total += self.cost[run] * rate
             elif kind in ("finetune", "export", "report"):
                 if not self.seconds[kind]:
-                    return None
+                    if kind == "finetune":
+                        return None
+                    continue  # seconds until measured: the hours are pretraining's and fine-tuning's
                 total += sum(self.seconds[kind]) / len(self.seconds[kind])
         return total
+
+
+def probe_pace(plan: Plan, env: dict[str, str], log: Log) -> float | None:
+    """Pretraining's seconds per unit of training_cost on this machine, from a few seconds of the cheapest trained
+    run's step (electralab.train.probe) on the shards stage's output: the first ETA, before any run has trained
+    here. None (and one line saying so) when the plan trains nothing or the probe fails."""
+    trained = sorted((cost, run) for run, cost in zip(plan.runs, plan.costs) if cost)
+    if not trained:
+        return None
+    cost, run = trained[0]
+    stages = yaml.safe_load((plan.workspace / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    shards = stages["shards"]["outs"][0]  # the shards stage's output, as dvc.yaml names it
+    cmd = [sys.executable, "-m", "electralab.train.probe", run, shards, "--seconds", str(PROBE_SECONDS)]
+    proc = subprocess.run(cmd, cwd=plan.workspace, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        said = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        log.info("reproduce: the pace probe failed (%s); the time left shows once a pretraining has run here", said)
+        return None
+    probed = json.loads(proc.stdout.strip().splitlines()[-1])
+    log.info(
+        "reproduce: one %s step takes %.0f ms here (%s, %s), %d steps: pretraining it about %s",
+        run,
+        probed["step_s"] * 1000,
+        probed["device"],
+        probed["precision"],
+        probed["steps"],
+        duration(probed["step_s"] * probed["steps"]),
+    )
+    return probed["step_s"] * probed["steps"] / cost
 
 
 def duration(seconds: float) -> str:
@@ -360,14 +398,17 @@ def reproduce_locally(plan: Plan, log: Log, stop: Callable[[], bool] = lambda: F
             if target.startswith("export@") and changed:  # a row is done: the report shows it
                 repro("report")
                 reported, changed = True, False
+            if target == "shards" and result != "failed":  # the shards exist: a first pace for pretraining
+                pace.probed = probe_pace(plan, env, log)
             rest = planned[i + 1 :]
             runs_left = list(dict.fromkeys(t.partition("@")[2] for t in rest if "@" in t))
             seconds = pace.left(rest + ["report"] * (len(runs_left) + 1))
-            eta = (
-                f"about {duration(seconds)} more at this machine's pace so far"
-                if seconds is not None
-                else "the time left shows once a pretraining and a fine-tuning have run here"
-            )
+            if seconds is not None:
+                eta = f"about {duration(seconds)} more at this machine's pace so far"
+            elif pace.probed is not None or pace.pretrain_cost:
+                eta = "the time left shows once a fine-tuning has run here"
+            else:
+                eta = "the time left shows once a pretraining and a fine-tuning have run here"
             stages = f"{len(rest)} stage{'s' * (len(rest) != 1)}"
             left = f"{stages} left ({', '.join(runs_left)}), {eta}" if rest else "every stage done"
             log.info("reproduce: [%d/%d] %s: %s; %s", i + 1, len(planned), target, result, left)

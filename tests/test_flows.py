@@ -33,6 +33,7 @@ from ops_helpers import (
 from project_helpers import BIN, env_for, run, set_param
 
 sys.path.insert(0, str(ROOT / "flows"))
+import workspace  # noqa: E402
 from deployments import DEPLOYMENTS  # noqa: E402
 from reproduce import retry_unless_bad_input  # noqa: E402
 from workspace import StageFailed, make_plan, targets  # noqa: E402
@@ -99,6 +100,47 @@ def test_plan_puts_producers_first_and_every_target_is_a_stage_of_dvc_yaml():
         for run in yaml.safe_load((ROOT / "params.yaml").read_text())["runs"]
     }
     assert set(targets(every.runs)) <= names, set(targets(every.runs)) - names
+
+
+def test_the_time_left_uses_a_probe_until_a_pretraining_has_run_then_what_ran(
+    shards_dir, tmp_path, monkeypatch, caplog
+):
+    """make repro's ETA: before any run has trained here, pretraining's pace is a few seconds of the cheapest
+    trained run's real step (electralab.train.probe); once a pretraining stage has run, its measured pace."""
+    import dataclasses
+    import logging
+    import shutil
+
+    from workspace import Pace, probe_pace
+
+    from electralab.config import load_params
+    from electralab.runs import resolve_run
+
+    plan = make_plan(ROOT, tables=["coco-lm/table1"])  # control, mlm, electra, cocolm
+    pace = Pace(plan)
+    rest = ["pretrain@mlm", "finetune@mlm"]
+    assert pace.left(rest) is None  # nothing measured
+    monkeypatch.setattr(workspace, "PROBE_SECONDS", 0)  # at least 3 timed steps: enough for the test
+    project = tmp_path / "project"  # what the probe reads: params.yaml, and dvc.yaml's shards output
+    project.mkdir()
+    shutil.copy(ROOT / "params.yaml", project / "params.yaml")
+    (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"shards": {"outs": [str(shards_dir)]}}}))
+    with caplog.at_level(logging.INFO):
+        pace.probed = probe_pace(
+            dataclasses.replace(plan, project=project), {**os.environ, "ELECTRALAB_THREADS": "1"}, logging.getLogger()
+        )
+    assert pace.probed is not None and pace.probed > 0, caplog.text
+    steps = resolve_run(load_params(ROOT / "params.yaml"), "mlm").pretrain.steps
+    assert re.search(
+        rf"one mlm step takes \d+ ms here \(cpu, (bf16|fp32)\), {steps} steps: pretraining it about", caplog.text
+    )
+    mlm = dict(zip(plan.runs, plan.costs))["mlm"]
+    assert pace.left(["pretrain@mlm"]) == pytest.approx(mlm * pace.probed)
+    assert pace.left(rest) is None  # fine-tuning not measured yet
+    pace.record("finetune@control", "ran", 100.0)
+    assert pace.left(rest) == pytest.approx(mlm * pace.probed + 100.0)
+    pace.record("pretrain@mlm", "ran", 50.0)  # measured beats probed
+    assert pace.left(["pretrain@electra"]) == pytest.approx(dict(zip(plan.runs, plan.costs))["electra"] * 50.0 / mlm)
 
 
 def refusing_prefect(tmp_path: Path) -> str:
@@ -433,7 +475,11 @@ def test_make_repro_needs_no_prefect_runs_cheapest_first_reports_each_row_then_t
     progress = re.findall(r"^reproduce: \[\d+/8\] (\S+): (\S+); (.*)$", made.stdout, re.M)
     assert [stage for stage, _, _ in progress] == ["corpus", "shards", *runs], made.stdout[-3000:]
     assert {result for _, result, _ in progress} == {"ran"}
-    assert "the time left shows once a pretraining and a fine-tuning have run here" in progress[2][2]
+    assert re.search(r"^reproduce: one cocolm step takes \d+ ms here \(cpu, ", made.stdout, re.M)  # the probe
+    assert "the time left shows once a fine-tuning has run here" in progress[2][2]
+    assert re.fullmatch(
+        r"4 stages left \(control, cocolm\), about \d+ min more at this machine's pace so far", progress[3][2]
+    )
     assert re.fullmatch(r"2 stages left \(cocolm\), about \d+ min more at this machine's pace so far", progress[5][2])
     assert progress[-1][2] == "every stage done"
     table1 = (project / "reports" / "tables" / "coco-lm_table1.md").read_text()
