@@ -291,6 +291,16 @@ class Pace:
         self.pretrain_seconds = self.pretrain_cost = 0.0  # of the pretraining stages that ran
         self.seconds: dict[str, list[float]] = defaultdict(list)
         self.probed: float | None = None  # seconds per unit of cost, from probe_pace
+        # The stages an earlier command finished here (a stopped `make repro` run again) timed themselves:
+        # their metrics files hold pretraining's wall hours and fine-tuning's seconds.
+        metrics = plan.workspace / "metrics"
+        for run, cost in self.cost.items():
+            hours = read_number(metrics / "pretrain" / f"{run}.json", "wall_hours")
+            if cost and hours:
+                self.pretrain_seconds += hours * 3600
+                self.pretrain_cost += cost
+            if seconds := read_number(metrics / "finetune" / f"{run}.json", "seconds"):
+                self.seconds["finetune"].append(seconds)
 
     def record(self, target: str, result: str, seconds: float) -> None:
         kind, _, run = target.partition("@")
@@ -320,6 +330,15 @@ class Pace:
                     continue  # seconds until measured: the hours are pretraining's and fine-tuning's
                 total += sum(self.seconds[kind]) / len(self.seconds[kind])
         return total
+
+
+def read_number(path: Path, key: str) -> float | None:
+    """`key` of a stage's metrics file, or None where the file or the number is not there (or not readable)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def probe_pace(plan: Plan, env: dict[str, str], log: Log) -> float | None:
@@ -398,7 +417,7 @@ def reproduce_locally(plan: Plan, log: Log, stop: Callable[[], bool] = lambda: F
             if target.startswith("export@") and changed:  # a row is done: the report shows it
                 repro("report")
                 reported, changed = True, False
-            if target == "shards" and result != "failed":  # the shards exist: a first pace for pretraining
+            if target == "shards" and result != "failed" and not pace.pretrain_cost:  # a first pretraining pace
                 pace.probed = probe_pace(plan, env, log)
             rest = planned[i + 1 :]
             runs_left = list(dict.fromkeys(t.partition("@")[2] for t in rest if "@" in t))

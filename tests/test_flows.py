@@ -6,6 +6,7 @@ cache, a kill mid-pretraining resumes, and two flows at once on one workspace ta
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -141,6 +142,18 @@ def test_the_time_left_uses_a_probe_until_a_pretraining_has_run_then_what_ran(
     assert pace.left(rest) == pytest.approx(mlm * pace.probed + 100.0)
     pace.record("pretrain@mlm", "ran", 50.0)  # measured beats probed
     assert pace.left(["pretrain@electra"]) == pytest.approx(dict(zip(plan.runs, plan.costs))["electra"] * 50.0 / mlm)
+
+    # Run again after a stop: what an earlier command finished here timed itself (its metrics files).
+    for kind, name, record in (
+        ("pretrain", "mlm", {"wall_hours": 0.5}),
+        ("pretrain", "control", {"wall_hours": 0.0}),
+        ("finetune", "control", {"seconds": 900.0}),
+        ("finetune", "mlm", ["not", "a", "dict"]),
+    ):
+        (project / "metrics" / kind).mkdir(parents=True, exist_ok=True)
+        (project / "metrics" / kind / f"{name}.json").write_text(json.dumps(record))
+    again = Pace(dataclasses.replace(plan, project=project))
+    assert again.left(rest) == pytest.approx(1800.0 + 900.0)
 
 
 def refusing_prefect(tmp_path: Path) -> str:
