@@ -136,3 +136,26 @@ def test_a_full_disk_anywhere_in_the_errors_chain_ends_a_stage_in_one_line_with_
 
     with pytest.raises(RuntimeError, match="a bug"):  # anything else keeps its traceback
         run(stage_that(bug), tmp_path, monkeypatch)
+
+
+def test_a_stop_that_a_library_wrapped_still_ends_the_stage_in_one_line(tmp_path, monkeypatch, capsys):
+    """Ray's ray.wait checks signals in C: the Stopped our handler raises comes out as a SystemError ("returned a
+    result with an exception set") caused by the Stopped (seen by Ctrl-C of make repro at a fine-tuning's start)."""
+    from electralab.errors import Stopped, failed_or_killed
+
+    def wrapped():
+        try:
+            raise Stopped("stopped by SIGINT", signal.SIGINT)
+        except Stopped as e:
+            raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") from e
+
+    exited = run(stage_that(wrapped), tmp_path, monkeypatch)
+    assert exited is not None and exited.code == 128 + signal.SIGINT
+    assert capsys.readouterr().err == (
+        "demo: stopped by SIGINT; run the same command again (`dvc repro`, `make repro`) to go on\n"
+    )
+    try:
+        wrapped()
+    except SystemError as e:
+        assert failed_or_killed(e) == "KILLED"  # the MLflow runs it ends are KILLED, not FAILED
+    assert failed_or_killed(RuntimeError("a bug")) == "FAILED"

@@ -49,11 +49,11 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NoReturn
 
 from electralab.config import Params, load_params
 from electralab.env import repo_root
-from electralab.errors import EXIT_BAD_INPUT, EXPECTED_ERRORS, StageBusy, Stopped
+from electralab.errors import EXIT_BAD_INPUT, EXPECTED_ERRORS, StageBusy, Stopped, stopped_by
 from electralab.io import disk_full
 
 THREADS_ENV, VERBOSE_ENV = "ELECTRALAB_THREADS", "ELECTRALAB_VERBOSE"
@@ -158,9 +158,10 @@ def run_stage(
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except Stopped as e:
-        print(f"{stage}: {e}; run the same command again (`dvc repro`, `make repro`) to go on", file=sys.stderr)
-        sys.exit(128 + e.signum)
+        stopped(stage, e)
     except Exception as e:
+        if (stop := stopped_by(e)) is not None:  # a stop signal that a library wrapped (Ray's ray.wait)
+            stopped(stage, stop)
         if (full := disk_full(e)) is None:
             raise  # a bug: its traceback
         print(
@@ -169,6 +170,11 @@ def run_stage(
             file=sys.stderr,
         )
         sys.exit(EXIT_BAD_INPUT)
+
+
+def stopped(stage: str, e: Stopped) -> NoReturn:
+    print(f"{stage}: {e}; run the same command again (`dvc repro`, `make repro`) to go on", file=sys.stderr)
+    sys.exit(128 + e.signum)
 
 
 @contextmanager

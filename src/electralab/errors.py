@@ -40,5 +40,22 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+def stopped_by(error: BaseException) -> Stopped | None:
+    """The stop signal behind `error`, if any: a library that checks signals in C (Ray's `ray.wait`) turns the
+    Stopped our handler raised into its own error (SystemError "returned a result with an exception set")."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Stopped):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def failed_or_killed(error: BaseException) -> str:
+    """The MLflow status of a run that `error` ended: KILLED for a stop signal (however wrapped), else FAILED."""
+    return "KILLED" if stopped_by(error) is not None or not isinstance(error, Exception) else "FAILED"
+
+
 EXPECTED_ERRORS = (ConfigError, DataError, TrainingFailed, TrialsFailed, StageBusy)
 EXIT_BAD_INPUT = 2  # a stage's exit status on an expected error: a retry cannot fix it

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from electralab import tracking
+from electralab.errors import failed_or_killed
 from electralab.finetune.grid import Group, Selection, TrialSpec
 from electralab.finetune.tasks import Task
 from electralab.io import read_json, write_json
@@ -151,7 +152,7 @@ class FinetuneTracker:
         return run_id
 
     def fail(self, error: BaseException) -> None:
-        status = "FAILED" if isinstance(error, Exception) else "KILLED"
+        status = failed_or_killed(error)
         for run_id in sorted(self.open):
             self.client.set_tag(run_id, "error", f"{type(error).__name__}: {error}"[:5000])
             self.client.set_terminated(run_id, status)

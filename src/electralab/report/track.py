@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from electralab import tracking
+from electralab.errors import failed_or_killed
 from electralab.report.build import BuiltTable, Results
 
 ROW_STAGE = "report-row"
@@ -89,7 +90,7 @@ def log_report(results: Results, reports_dir: str | Path, tables: dict[str, Buil
                 client.set_tag(run.info.run_id, "report_latest", "false")
     except BaseException as error:
         client.set_tag(parent_id, "error", f"{type(error).__name__}: {error}"[:5000])
-        client.set_terminated(parent_id, "FAILED" if isinstance(error, Exception) else "KILLED")
+        client.set_terminated(parent_id, failed_or_killed(error))
         raise
     client.set_terminated(parent_id)
     return parent_id

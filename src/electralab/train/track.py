@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from electralab import tracking
+from electralab.errors import failed_or_killed
 from electralab.runs import ResolvedRun
 
 
@@ -70,7 +71,7 @@ class Tracker:
 
     def fail(self, error: BaseException) -> None:
         self.flush()
-        status = "FAILED" if isinstance(error, Exception) else "KILLED"
+        status = failed_or_killed(error)
         self.mlflow.set_tag("error", f"{type(error).__name__}: {error}"[:5000])
         self.mlflow.end_run(status)
 
@@ -120,7 +121,7 @@ class FileTracker:
 
     def fail(self, error: BaseException) -> None:
         self.client.set_tag(self.run_id, "error", f"{type(error).__name__}: {error}"[:5000])
-        self.client.set_terminated(self.run_id, "FAILED" if isinstance(error, Exception) else "KILLED")
+        self.client.set_terminated(self.run_id, failed_or_killed(error))
 
     def pause(self, step: int) -> None:
         self.client.set_tag(self.run_id, "paused_at_step", step)
