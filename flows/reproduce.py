@@ -78,7 +78,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run_without_prefect(args: argparse.Namespace) -> None:
+def run_without_prefect(plan: Plan) -> None:
     """`make repro`. Ctrl-C reaches the stage too (the terminal signals the whole process group): the stage stops
     itself in one line, as DVC lets it, and this command ends after it with one line of its own. A signal to this
     process alone (kill <pid>) ends it after the current stage; a second signal ends it at once."""
@@ -95,7 +95,6 @@ def run_without_prefect(args: argparse.Namespace) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, received)
     try:
-        plan = make_plan(allowed_project(args.project), args.preset, args.tables, args.runs)
         failed = reproduce_locally(plan, log, stop=lambda: bool(stopping))
     except (ConfigError, StageFailed) as e:
         if not stopping:
@@ -109,10 +108,9 @@ def run_without_prefect(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
-def print_targets(args: argparse.Namespace) -> None:
+def print_targets(plan: Plan) -> None:
     """The plan's DVC targets but the report, for `dvc repro $(...)`; the report then runs alone, as the flow
     runs it: `dvc repro --single-item report` (it depends on every run's metrics)."""
-    plan = make_plan(allowed_project(args.project), args.preset, args.tables, args.runs)
     print(" ".join(t for t in targets(plan.runs) if t != "report"))
 
 
@@ -124,14 +122,14 @@ def fail(e: Exception) -> NoReturn:
 if __name__ == "__main__":
     ARGS = arguments()
     try:  # a bad preset, table, run or project fails here in seconds, before Prefect and its temporary server
-        make_plan(allowed_project(ARGS.project), ARGS.preset, ARGS.tables, ARGS.runs)
+        PLAN = make_plan(allowed_project(ARGS.project), ARGS.preset, ARGS.tables, ARGS.runs)
     except ConfigError as e:
         fail(e)
     if ARGS.targets:  # answered before Prefect's import below: no Prefect needed
-        print_targets(ARGS)
+        print_targets(PLAN)
         sys.exit(0)
     if ARGS.no_prefect:
-        run_without_prefect(ARGS)
+        run_without_prefect(PLAN)
         sys.exit(0)
 
 from prefect import flow, get_run_logger, task  # noqa: E402  (after `--targets`, above)

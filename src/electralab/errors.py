@@ -1,5 +1,9 @@
 """Errors a stage reports as one clear line (exit 2) instead of a traceback."""
 
+from __future__ import annotations
+
+from typing import Iterator
+
 
 class ConfigError(ValueError):
     """Bad configuration or input: the message names the key path or file, the value and what is allowed."""
@@ -40,16 +44,20 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+def chain(error: BaseException | None) -> Iterator[BaseException]:
+    """`error`, then what caused it (`raise ... from`, or the error being handled when it was raised), and so on:
+    libraries wrap the errors that matter here (a stop signal, a full disk) in their own."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
 def stopped_by(error: BaseException) -> Stopped | None:
     """The stop signal behind `error`, if any: a library that checks signals in C (Ray's `ray.wait`) turns the
     Stopped our handler raised into its own error (SystemError "returned a result with an exception set")."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, Stopped):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
+    return next((e for e in chain(error) if isinstance(e, Stopped)), None)
 
 
 def failed_or_killed(error: BaseException) -> str:

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from electralab.errors import chain
+
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
@@ -87,14 +89,11 @@ def atomic_file(final: str | Path) -> Iterator[Path]:
 def disk_full(error: BaseException) -> str | None:
     """What a full disk (or quota) that caused `error` says, found anywhere in its chain (torch, MLflow and
     SQLAlchemy wrap it), or None. The caller names the stage; this names the path where there is one."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in DISK_FULL:
-            return f"no space left on the device writing {error.filename}" if error.filename else str(error)
-        if "database or disk is full" in str(error):  # SQLite: the MLflow store's disk
+    for cause in chain(error):
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL:
+            return f"no space left on the device writing {cause.filename}" if cause.filename else str(cause)
+        if "database or disk is full" in str(cause):  # SQLite: the MLflow store's disk
             return "no space left for the tracking store (SQLite: database or disk is full)"
-        error = error.__cause__ or error.__context__
     return None
 
 

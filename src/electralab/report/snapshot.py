@@ -27,6 +27,7 @@ from electralab.config import load_params
 from electralab.env import repo_root
 from electralab.errors import ConfigError, DataError
 from electralab.io import atomic_dir, read_json, write_json
+from electralab.report import stem
 from electralab.report.render import claims_markdown
 from electralab.tables import TABLES
 
@@ -73,7 +74,7 @@ def headline(folder: Path, tables: list[str]) -> str:
     as the report renders claims, under one line of provenance."""
     if not (folder / "claims.csv").exists():
         return none_yet(folder)
-    claims = pd.read_csv(folder / "claims.csv", keep_default_na=True)
+    claims = pd.read_csv(folder / "claims.csv")
     claims = claims[claims["table"].isin(tables)].drop_duplicates(["run", "than"]).reset_index(drop=True)
     claims["tasks"] = claims["tasks"].fillna("")
     return f"{provenance_line(folder)}\n\n{claims_markdown(claims)}"
@@ -88,7 +89,7 @@ def results_page(folder: Path, tables: list[str]) -> str:
     rows += ["| " + " | ".join(line) + " |" for line in provenance.itertuples(index=False)]
     parts = [provenance_line(folder), "Pretraining runs:", "\n".join(rows)]
     for key in tables:
-        table = folder / "tables" / f"{key.replace('/', '_')}.md"
+        table = folder / "tables" / f"{stem(key)}.md"
         if table.exists():
             parts.append(table.read_text(encoding="utf-8").strip().replace("### ", "## ", 1))
     figures = sorted((folder / "figures").glob("*.png"))
