@@ -61,7 +61,7 @@ test: setup browser lint
 
 # The edit-run loop: every test that starts no server and runs no project's stages (tests/conftest.py marks them).
 test-fast: setup lint
-	pytest -n 2 --dist loadgroup -m "not slow and not pipeline"
+	pytest -n 2 --dist loadgroup -m "not slow and not pipeline and not compile"
 
 # The committed results: the built report's tables, claims, figures and provenance -> results/<preset>/, and the
 # README's headline and docs/results.md rendered from them (electralab/report/snapshot.py).

@@ -47,9 +47,10 @@ from electralab.config import EncoderConfig, GeneratorSizes, PretrainConfig, loa
 from electralab.data.loader import PretrainLoader  # noqa: E402
 from electralab.export import huggingface_fields, huggingface_state_dict  # noqa: E402
 from electralab.objectives import Objective, Output, build_objective, method_settings  # noqa: E402
-from electralab.objectives.common import MaskedLM, accuracy, replace_masked, sample  # noqa: E402
+from electralab.objectives.common import MaskedLM, sample  # noqa: E402
 from electralab.objectives.electra import Electra  # noqa: E402
 from electralab.objectives.mlm import MLM  # noqa: E402
+from electralab.objectives.positions import Positions  # noqa: E402
 from electralab.train.common import linear_schedule, make_adamw  # noqa: E402
 from electralab.train.diagnostics import token_cosine  # noqa: E402
 
@@ -157,18 +158,19 @@ class ElectraPeer(nn.Module):
         mask = batch.attention_mask.long()
         labels = batch.input_ids.masked_fill(~batch.mlm_mask, -100)
         gen = self.gen(input_ids=batch.masked_ids, attention_mask=mask, labels=labels)
-        logits = gen.logits[batch.mlm_mask]
-        replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(logits))  # the same sampler as ours
+        masked = Positions(batch.mlm_mask)
+        logits = masked.take(gen.logits)
+        replaced = masked.put(batch.input_ids, sample(logits))  # the same sampler as ours
         is_replaced = replaced != batch.input_ids
         disc = self.disc(input_ids=replaced, attention_mask=mask, labels=is_replaced.long())
-        real = batch.attention_mask
-        predicted = disc.logits[real] > 0
+        real = Positions(batch.attention_mask)
+        predicted, target = real.take(disc.logits) > 0, real.take(is_replaced)
         metrics = {
             "gen_loss": gen.loss.detach(),
             "rtd_loss": disc.loss.detach(),
-            "gen_acc": accuracy(logits.argmax(-1), batch.input_ids[batch.mlm_mask]),
-            "rtd_acc_replaced": accuracy(predicted, is_replaced[real], is_replaced[real]),
-            "replaced_fraction": is_replaced[real].float().mean(),
+            "gen_acc": masked.accuracy(logits.argmax(-1), masked.take(batch.input_ids)),
+            "rtd_acc_replaced": real.accuracy(predicted, target, target),
+            "replaced_fraction": real.mean(target.float()),
         }
         return Output(gen.loss + self.rtd_weight * disc.loss, metrics)
 
@@ -223,7 +225,8 @@ class MLMPeer(nn.Module):
     def forward(self, batch: Batch) -> Output:
         labels = batch.input_ids.masked_fill(~batch.mlm_mask, -100)
         out = self.model(input_ids=batch.masked_ids, attention_mask=batch.attention_mask.long(), labels=labels)
-        acc = accuracy(out.logits[batch.mlm_mask].argmax(-1), batch.input_ids[batch.mlm_mask])
+        masked = Positions(batch.mlm_mask)
+        acc = masked.accuracy(masked.take(out.logits).argmax(-1), masked.take(batch.input_ids))
         return Output(out.loss, {"mlm_loss": out.loss.detach(), "mlm_acc": acc})
 
     def head_outputs(self, batch: Batch) -> dict[str, torch.Tensor]:

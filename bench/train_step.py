@@ -7,6 +7,7 @@ one process, identical configuration.
     python bench/train_step.py --device cuda --precision bf16   # GPU: the same comparison under bf16 autocast
     python bench/train_step.py --device cuda --precision bf16 --config base --seq-len 512 --ours-only
     python bench/train_step.py --device cuda --precision bf16 --compile --steps 20   # eager and compiled, both sides
+    python bench/train_step.py --device cuda --precision bf16 --static --steps 20    # + our static step, CUDA graphs
     python bench/train_step.py --profile           # where our step's time goes (torch.profiler, by operator)
 
 Peer: ElectraForMaskedLM (generator) + ElectraForPreTraining (discriminator) with tied embeddings,
@@ -40,11 +41,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from electralab import MASK_ID  # noqa: E402
 from electralab.batch import Batch  # noqa: E402
 from electralab.config import EncoderConfig, GeneratorSize, GeneratorSizes, load_params  # noqa: E402
+from electralab.data.masking import mask_tokens  # noqa: E402
 from electralab.export import huggingface_fields  # noqa: E402
-from electralab.objectives.common import sized  # noqa: E402
+from electralab.objectives.common import set_static, sized  # noqa: E402
 from electralab.objectives.electra import Electra, Settings  # noqa: E402
 from electralab.runs import resolve_run  # noqa: E402
 from electralab.train.common import autocast, resolve_precision  # noqa: E402
@@ -85,12 +86,13 @@ def shape(config: str, pretraining: bool = True) -> tuple[EncoderConfig, Generat
 
 
 def make_batch(batch_size: int, seq_len: int, vocab: int, device: torch.device, seed: int = 0) -> Batch:
+    """Random full rows [CLS] ... [SEP], masked as the loader masks them (ELECTRA's scheme: exactly 15% of
+    each row selected, the bound the static step's fixed number of predictions relies on)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, vocab, (batch_size, seq_len), generator=g)
     ids[:, 0], ids[:, -1] = 2, 3
     attention = torch.ones_like(ids, dtype=torch.bool)
-    mlm = torch.rand(ids.shape, generator=g) < 0.15
-    masked = torch.where(mlm & (torch.rand(ids.shape, generator=g) < 0.85), torch.full_like(ids, MASK_ID), ids)
+    masked, mlm = mask_tokens(ids, attention, Settings().masking, vocab, g)
     return Batch(ids, attention, masked, mlm).to(device)
 
 
@@ -103,11 +105,15 @@ class Implementation:
     """One side of the comparison; `name` tells its eager and compiled variants apart."""
 
     side: str
-    compiled = False
+    variant = ""  # "", "+compile", and ours also "+static" (fullgraph) and "+cudagraphs" (fullgraph, CUDA graphs)
 
     @property
     def name(self) -> str:
-        return self.side + ("+compile" if self.compiled else "")
+        return self.side + self.variant
+
+    @property
+    def compiled(self) -> bool:
+        return bool(self.variant)
 
 
 class Ours(Implementation):
@@ -119,8 +125,15 @@ class Ours(Implementation):
         self.opt = adamw(self.model.parameters(), device)
 
     def compile(self) -> None:
-        self.compiled = True
+        self.variant = "+compile"
         self.model = torch.compile(self.model)
+
+    def compile_static(self, cuda_graphs: bool = False) -> None:
+        """The static step (objectives/positions.py) in one graph, fullgraph=True failing on any break; with
+        `cuda_graphs`, replayed as CUDA graphs (mode="reduce-overhead")."""
+        set_static(self.model)
+        self.variant = "+cudagraphs" if cuda_graphs else "+static"
+        self.model = torch.compile(self.model, fullgraph=True, mode="reduce-overhead" if cuda_graphs else None)
 
     def step(self, batch: Batch, precision: str) -> float:
         with autocast(self.device, precision):
@@ -151,7 +164,7 @@ class HuggingFace(Implementation):
         self.opt = adamw(params.values(), device)
 
     def compile(self) -> None:
-        self.compiled = True
+        self.variant = "+compile"
         self.gen, self.disc = torch.compile(self.gen), torch.compile(self.disc)
 
     def step(self, batch: Batch, precision: str) -> float:
@@ -227,6 +240,11 @@ def main() -> None:
     ap.add_argument("--precision", default="best", choices=["best", "auto", "fp32", "bf16"])
     ap.add_argument("--ours-only", action="store_true")
     ap.add_argument("--compile", action="store_true", help="also time both implementations under torch.compile")
+    ap.add_argument(
+        "--static",
+        action="store_true",
+        help="also time our static step compiled whole (fullgraph), and on CUDA replayed as CUDA graphs",
+    )
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's operator table of our step")
     ap.add_argument("--memory-probe", choices=["electralab", "transformers"], help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -273,10 +291,25 @@ def main() -> None:
             impl = kind(main_cfg, gen_cfg, vocab, device)
             impl.compile()
             impls.append(impl)
-    runs = [(impl, precision) for impl in impls for precision in modes]
-    for impl, precision in runs:  # warm-up: compilation (one graph per precision), allocator, kernel choices
-        for _ in range(3 if impl.compiled else 1):
-            impl.step(batch, precision)
+    for cuda_graphs in [False, True][: 1 + (device.type == "cuda")] if args.static else []:
+        torch.manual_seed(0)
+        impl = Ours(main_cfg, gen_cfg, vocab, device)
+        impl.compile_static(cuda_graphs)
+        impls.append(impl)
+    runs, warmups = [], {}
+    for impl, precision in [(impl, precision) for impl in impls for precision in modes]:
+        # warm-up: compilation (one graph per precision), allocator, kernel choices. A variant that fails here
+        # is reported and left out, so that one lent GPU-minute still times the others.
+        started = time.perf_counter()
+        try:
+            for _ in range(3 if impl.compiled else 1):
+                impl.step(batch, precision)
+        except Exception as error:  # noqa: BLE001 - any failure of one variant
+            print(f"{impl.name} {precision}: failed in its warm-up, left out: {type(error).__name__}: {error}"[:2000])
+            continue
+        sync(device)
+        warmups[impl.name, precision] = time.perf_counter() - started
+        runs.append((impl, precision))
     times = time_steps(runs, batch, args.steps, device)
     peaks = {precision: peak_flops(device, precision) for precision in modes}
     tokens = args.batch_size * args.seq_len
@@ -303,6 +336,7 @@ def main() -> None:
             "mfu": flops[impl.side] / t / peak if peak else None,
             "peak_memory_mb": memory[impl.side, precision],
             "step_times": times[impl.name, precision],
+            "warmup_s": warmups[impl.name, precision],  # compilation included
         }
     peak_text = ", ".join(f"{p} {v / 1e9 if v else 0:.1f}" for p, v in peaks.items())
     print(
@@ -335,11 +369,13 @@ def main() -> None:
             for side in ("electralab", "transformers")
         }
         suffixes = [""] + (["+compile"] if args.compile else [])
+        impls = results["impls"]
         results["speedup"] = {
-            f"{precision}{suffix}": results["impls"]["electralab" + suffix][precision]["tokens_per_s"]
-            / results["impls"]["transformers" + suffix][precision]["tokens_per_s"]
+            f"{precision}{suffix}": impls["electralab" + suffix][precision]["tokens_per_s"]
+            / impls["transformers" + suffix][precision]["tokens_per_s"]
             for precision in modes
             for suffix in suffixes
+            if precision in impls.get("electralab" + suffix, {}) and precision in impls.get("transformers" + suffix, {})
         }
         results["speedup"]["best"] = best["electralab"][1] / best["transformers"][1]
         for variant, ratio in results["speedup"].items():
@@ -352,7 +388,7 @@ def main() -> None:
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     # One file per setting, so that runs of several batch sizes or variants do not overwrite each other.
-    variant = "_ours" * args.ours_only + "_compile" * args.compile
+    variant = "_ours" * args.ours_only + "_compile" * args.compile + "_static" * args.static
     name = f"train_step_{args.device.split(':')[0]}_{args.config}_{args.seq_len}_b{args.batch_size}{variant}.json"
     (out / name).write_text(json.dumps(results, indent=2))
 

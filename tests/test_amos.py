@@ -529,7 +529,7 @@ def test_each_exit_loss_reaches_only_its_block(exits, stop, blocks):
     batch = make_batch(seed=7)
     targets = batch.input_ids[batch.mlm_mask]
     E, b = obj.tokens.weight, obj.heads[0].bias
-    _, h, _ = obj.exits(batch)
+    _, h, _ = obj.exits(batch, obj.masked(batch))
     embedding_params = [n for n, _ in obj.named_parameters() if n.startswith("generators.0.embeddings.")]
     for k, d in enumerate(exits):
         g = grads(obj, cross_entropy(h[k] @ E.T + b, targets))
@@ -559,7 +559,7 @@ def _token_tables(obj: Amos) -> list[nn.Parameter]:
 def test_one_shared_mlm_head_and_one_token_table():
     obj = build()
     assert len(obj.heads) == 1
-    _, _, heads = obj.exits(make_batch())
+    _, _, heads = obj.exits(make_batch(), obj.masked(make_batch()))
     assert len(heads) == 3 and all(head is obj.heads[0] for head in heads)
     assert len(_token_tables(obj)) == 1  # one Parameter in all
     for module in (*[g.embeddings for g in obj.generators], obj.discriminator.embeddings, *obj.heads):

@@ -613,7 +613,7 @@ def test_random_replacements_are_uniform_over_non_special_ids():
     torch.manual_seed(8)
     drawn = []
     for _ in range(40):
-        x_mlm, aux_loss, _ = model.corrupt(batch)
+        x_mlm, aux_loss, _ = model.corrupt(batch, model.masked(batch))
         assert float(aux_loss) == 0.0 and not aux_loss.requires_grad
         assert torch.equal(x_mlm[~batch.mlm_mask], batch.input_ids[~batch.mlm_mask])
         drawn.append(x_mlm[batch.mlm_mask])

@@ -59,8 +59,9 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """F.dropout, with a cheaper mask on CPU. torch's CPU bernoulli_ draws one 32-bit number per element in a
     serial loop (15% of a 4 x 128 fine-tuning step on the AMD EPYC, docs/performance.md); here each 31-bit draw of
     the same generator gives two elements 15 random bits each, so p is rounded to a multiple of 2^-15 (0.1 ->
-    0.100006). torch.manual_seed and the checkpointed RNG state govern it as they govern bernoulli_."""
-    if not training or p == 0.0 or p == 1.0 or x.device.type != "cpu":
+    0.100006). torch.manual_seed and the checkpointed RNG state govern it as they govern bernoulli_. Under
+    torch.compile, F.dropout: the compiler draws its own mask in the graph (`random_` would break it)."""
+    if not training or p == 0.0 or p == 1.0 or x.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     n = x.numel()
     bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_()  # uniform on [0, 2^31)
@@ -152,7 +153,7 @@ class SelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if bias is not None and bias.dtype != q.dtype:  # autocast: the mask must match q's dtype
             bias = bias.to(q.dtype)
-        if self.training and self.dropout_p > 0 and q.device.type == "cpu":
+        if self.training and self.dropout_p > 0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
             # SDPA with dropout on CPU is its math path with bernoulli_ masks: the same math, with `dropout`.
             scores = (q * d**-0.5) @ k.transpose(-1, -2)
             probs = (scores if bias is None else scores + bias).softmax(dim=-1)
@@ -207,6 +208,8 @@ class Encoder(nn.Module):
     returns (the outputs of layers 1..L, and of `run_layer`) goes through one final LayerNorm, so AMOS's
     exits, TEAMS's task layers and every head read normalised states as they do post-LN.
     """
+
+    static = False  # a [PAD] mask whether or not the batch holds [PAD]: no host sync (objectives.common.set_static)
 
     def __init__(
         self,
@@ -268,7 +271,7 @@ class Encoder(nn.Module):
         # Packed pretraining blocks rarely hold [PAD]: without one, keep the bias (1, heads, T, T)
         # rather than (B, heads, T, T), and with no relative bias either, let SDPA pick its fused
         # mask-free kernels (flash attention on CUDA).
-        if attention_mask is not None and not bool(attention_mask.all()):
+        if attention_mask is not None and (self.static or not bool(attention_mask.all())):
             pad = torch.zeros(attention_mask.shape, dtype=torch.float32, device=device)
             pad = pad.masked_fill(~attention_mask, torch.finfo(torch.float32).min)[:, None, None, :]
             bias = pad if bias is None else bias + pad

@@ -38,16 +38,15 @@ from electralab.model.heads import BinaryHead, LMHead
 from electralab.objectives.common import (
     Objective,
     Output,
-    accuracy,
     detector_head,
     grad_reverse,
     gumbel_noise,
     mlm_loss,
-    replace_masked,
     replaced_prior,
     rtd,
     sized,
 )
+from electralab.objectives.positions import Positions
 
 
 @dataclass(frozen=True)
@@ -160,20 +159,20 @@ class Amos(Objective):
     def _head(self, cfg: EncoderConfig) -> LMHead:
         return LMHead(cfg.hidden, self.tokens, projection=True, eps=cfg.layer_norm_eps, std=cfg.initializer_range)
 
-    def exits(self, batch: Batch) -> tuple[list[torch.Tensor], list[torch.Tensor], list[LMHead]]:
+    def exits(self, batch: Batch, masked: Positions) -> tuple[list[torch.Tensor], list[torch.Tensor], list[LMHead]]:
         """f^(d) (M, H) and h^(d) (M, E) at the masked positions for every exit, with its head."""
         s = self.settings
         if s.separate_generators is None:
             detach = set(self.exit_layers[:-1]) if s.stop_gradient else set()
             hidden = self.generators[0](batch.masked_ids, batch.attention_mask, detach_after=detach)
-            f = [hidden[d][batch.mlm_mask] for d in self.exit_layers]
+            f = [masked.take(hidden[d]) for d in self.exit_layers]
             heads = [self.heads[0]] * len(f)
         else:
-            f = [g(batch.masked_ids, batch.attention_mask)[-1][batch.mlm_mask] for g in self.generators]
+            f = [masked.take(g(batch.masked_ids, batch.attention_mask)[-1]) for g in self.generators]
             heads = list(self.heads)
         return f, [head.project(x) for head, x in zip(heads, f)], heads
 
-    def mixture(self, f: torch.Tensor, progress: float) -> torch.Tensor:
+    def mixture(self, f: torch.Tensor, progress: float | torch.Tensor) -> torch.Tensor:
         """gamma (M, K): the weight of each exit at each masked position."""
         s, (M, K) = self.settings, f.shape[:2]
         if s.mixture == "adversarial":
@@ -185,26 +184,29 @@ class Amos(Objective):
         if s.mixture == "random_layer":
             return F.one_hot(torch.randint(K, (M,), device=f.device), K).to(f.dtype)
         if s.mixture == "layer_switch":  # shallow -> deep at equal thirds (AMOS Sec. 5.1)
-            return F.one_hot(torch.full((M,), min(int(progress * K), K - 1), device=f.device), K).to(f.dtype)
+            # progress may be a 0-d tensor (the static step's: a float would be a constant of the graph)
+            layer = (torch.as_tensor(progress, device=f.device) * K).long().clamp(max=K - 1)
+            return F.one_hot(layer.expand(M), K).to(f.dtype)
         w = torch.tensor(self.fixed_weights, dtype=f.dtype, device=f.device)
         return (w / w.sum()).expand(M, K)
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
         s = self.settings
-        targets = batch.input_ids[batch.mlm_mask]  # (M,)
-        f, h, heads = self.exits(batch)
+        masked = self.masked(batch)
+        targets = masked.take(batch.input_ids)  # (M,)
+        f, h, heads = self.exits(batch, masked)
         logits = [head.logits(x) for head, x in zip(heads, h)]  # K x (M, V)
         metrics: dict[str, torch.Tensor] = {}
         gen_loss = 0.0
         for name, lg in zip(self.exit_names, logits):  # Eq. 2
-            loss_d = mlm_loss(lg, targets)
+            loss_d = mlm_loss(lg, targets, masked)
             gen_loss = gen_loss + loss_d
             metrics[f"gen_loss_{name}"] = loss_d.detach()
-            metrics[f"gen_acc_{name}"] = accuracy(lg.argmax(-1), targets)
+            metrics[f"gen_acc_{name}"] = masked.accuracy(lg.argmax(-1), targets)
 
         gamma = self.mixture(torch.stack(f, 1), progress)  # (M, K)
         for k, name in enumerate(self.exit_names):
-            metrics[f"mix_weight_{name}"] = gamma[:, k].mean().detach()
+            metrics[f"mix_weight_{name}"] = masked.mean(gamma[:, k]).detach()
         adversarial = s.mixture == "adversarial"
         if adversarial:
             gamma = grad_reverse(gamma)  # maximise L_DISC w.r.t. gamma
@@ -223,17 +225,16 @@ class Amos(Objective):
         log_p = mixed.float().log_softmax(-1)
         perturbed = log_p + gumbel_noise(log_p)
         drawn = perturbed.argmax(-1)  # (M,)
-        replaced = replace_masked(batch.input_ids, batch.mlm_mask, drawn)
+        replaced = masked.put(batch.input_ids, drawn)
         token_embeds = self.tokens(replaced)  # (B, T, E)
         if adversarial or s.adversarial_mlm_multiplier > 0:
             # Straight-through: forward uses the hard token's embedding, backward the soft sample's.
             soft = (perturbed / s.gumbel_temperature).softmax(-1)  # (M, V)
             through = (soft - soft.detach()) @ self.tokens.weight.detach()
-            delta = torch.zeros_like(token_embeds)
-            delta[batch.mlm_mask] = through.to(delta.dtype)
-            token_embeds = token_embeds + delta
+            token_embeds = token_embeds + masked.spread(through.to(token_embeds.dtype), token_embeds.shape)
         hidden = self.discriminator(attention_mask=batch.attention_mask, token_embeds=token_embeds)[-1]
-        disc_loss, rtd_metrics = rtd(self.rtd_head(hidden), replaced != batch.input_ids, batch.attention_mask)
+        real = self.per_token(batch.attention_mask)
+        disc_loss, rtd_metrics = rtd(self.rtd_head(hidden), replaced != batch.input_ids, real)
         metrics.update(rtd_metrics, gen_loss=gen_loss.detach())
         return Output(gen_loss + s.rtd_weight * disc_loss, metrics)
 

@@ -40,16 +40,15 @@ from electralab.objectives.common import (
     MaskedLM,
     Objective,
     Output,
-    accuracy,
     detector_head,
     mlm_loss,
     random_tokens,
-    replace_masked,
     replaced_prior,
     sample,
     share_embeddings,
     sized,
 )
+from electralab.objectives.positions import Positions, predictions_per_row
 
 
 @dataclass(frozen=True)
@@ -99,16 +98,20 @@ class Settings:
             )
 
 
-def crop(input_ids: torch.Tensor, attention_mask: torch.Tensor, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+def crop(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, fraction: float, static: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """X^crop: [CLS] + a random contiguous span of X^orig's tokens after [CLS], `fraction` long.
 
-    Sequences of different real lengths crop their own real tokens; the result is right-padded.
+    Sequences of different real lengths crop their own real tokens; the result is right-padded to the longest
+    crop (`static`: to the longest a row of this length can have, whatever the batch holds).
     """
     B, T = input_ids.shape
     content = attention_mask.sum(1) - 1  # (B,) real tokens after [CLS]
     keep = torch.clamp(torch.round(content.float() * fraction).long(), min=1)
     start = 1 + (torch.rand(B, device=input_ids.device) * (content - keep + 1).float()).long()
-    offsets = torch.arange(int(keep.max()), device=input_ids.device)
+    width = max(1, round((T - 1) * fraction)) if static else int(keep.max())  # Python's round: torch's half-even
+    offsets = torch.arange(width, device=input_ids.device)
     valid = offsets[None, :] < keep[:, None]  # (B, L)
     index = (start[:, None] + offsets[None, :]).clamp(max=T - 1)
     span = input_ids.gather(1, index).masked_fill(~valid, PAD_ID)
@@ -127,13 +130,11 @@ def scl_loss(s: torch.Tensor, s_pos: torch.Tensor, temperature: float) -> tuple[
     logits = (cos / temperature).masked_fill(self_pair, float("-inf"))
     positive = torch.cat([torch.arange(N, 2 * N), torch.arange(0, N)]).to(s.device)
     loss = F.cross_entropy(logits, positive)
-    is_positive = torch.zeros_like(self_pair)
-    is_positive[torch.arange(2 * N, device=s.device), positive] = True
-    negative = ~(is_positive | self_pair)
-    metrics = {
+    negative = ~(F.one_hot(positive, 2 * N).bool() | self_pair)
+    metrics = {  # means without boolean indexing (a shape of the data's): the static step's too
         "scl_loss": loss.detach(),
-        "scl_pos_cos": cos[is_positive].mean().detach(),
-        "scl_neg_cos": cos[negative].mean().detach() if negative.any() else torch.tensor(float("nan"), device=s.device),
+        "scl_pos_cos": cos.gather(1, positive[:, None]).mean().detach(),
+        "scl_neg_cos": ((cos * negative).sum() / negative.sum()).detach(),  # NaN with no negative (N = 1)
     }
     return loss, metrics
 
@@ -219,67 +220,71 @@ class CocoLM(Objective):
             self.auxiliary.eval()  # frozen: always in inference mode
         return self
 
-    def corrupt(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    def corrupt(self, batch: Batch, masked: Positions) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """X^MLM (Eq. 1) and the auxiliary's MLM loss."""
-        targets = batch.input_ids[batch.mlm_mask]
+        targets = masked.take(batch.input_ids)
         s, aux = self.settings, self.auxiliary
         if aux is None:  # Table 3 "w. Random Replacements"
             drawn = random_tokens(targets.numel(), self.vocab_size, targets.device)
-            return replace_masked(batch.input_ids, batch.mlm_mask, drawn), targets.float().sum() * 0, {}
+            return masked.put(batch.input_ids, drawn), targets.float().sum() * 0, {}
         if s.auxiliary == "converged":
             with torch.no_grad():
-                logits = aux(batch)
+                logits = aux(batch, masked)
             return (
-                replace_masked(batch.input_ids, batch.mlm_mask, sample(logits)),
+                masked.put(batch.input_ids, sample(logits)),
                 logits.sum() * 0,
-                {"aux_acc": accuracy(logits.argmax(-1), targets)},
+                {"aux_acc": masked.accuracy(logits.argmax(-1), targets)},
             )
-        logits = aux(batch)  # (M, V), dropout on
-        loss = mlm_loss(logits, targets)
+        logits = aux(batch, masked)  # (M, V), dropout on
+        loss = mlm_loss(logits, targets, masked)
         sampling_logits = logits
         if s.sample_without_dropout and aux.training:
             with torch.no_grad():  # App. D: inference mode
                 aux.eval()
-                sampling_logits = aux(batch)
+                sampling_logits = aux(batch, masked)
                 aux.train()
-        replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(sampling_logits))
-        return replaced, loss, {"aux_loss": loss.detach(), "aux_acc": accuracy(logits.argmax(-1), targets)}
+        replaced = masked.put(batch.input_ids, sample(sampling_logits))
+        return replaced, loss, {"aux_loss": loss.detach(), "aux_acc": masked.accuracy(logits.argmax(-1), targets)}
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
         s = self.settings
-        x_mlm, aux_loss, metrics = self.corrupt(batch)
+        masked = self.masked(batch)
+        x_mlm, aux_loss, metrics = self.corrupt(batch, masked)
         is_original = x_mlm == batch.input_ids  # (B, T)
-        real = batch.attention_mask
-        hidden = self.main(x_mlm, real)[-1]  # (B, T, H)
+        hidden = self.main(x_mlm, batch.attention_mask)[-1]  # (B, T, H)
         copy_logit = self.copy_head(hidden)  # (B, T): logit of p_copy(1|h)
         loss = aux_loss
 
+        real = self.per_token(batch.attention_mask)
+        copy_real, original_real = real.take(copy_logit).float(), real.take(is_original)
         if s.copy_loss:  # Eq. 2
-            copy_loss = F.binary_cross_entropy_with_logits(copy_logit[real].float(), is_original[real].float())
+            bce = F.binary_cross_entropy_with_logits(copy_real, original_real.float(), reduction="none")
+            copy_loss = real.mean(bce, empty=0)
             loss = loss + s.copy_weight * copy_loss
             metrics["copy_loss"] = copy_loss.detach()
-        copy_pred = copy_logit > 0
-        metrics["copy_acc_replaced"] = accuracy(copy_pred, is_original, real & ~is_original)
-        metrics["copy_acc_original"] = accuracy(copy_pred, is_original, real & is_original)
-        metrics["replaced_fraction"] = (~is_original)[real].float().mean()
+        copy_pred = copy_real > 0
+        metrics["copy_acc_replaced"] = real.accuracy(copy_pred, original_real, ~original_real)
+        metrics["copy_acc_original"] = real.accuracy(copy_pred, original_real, original_real)
+        metrics["replaced_fraction"] = real.mean((~original_real).float())
 
         if s.lm != "none":
-            where = batch.mlm_mask if s.lm == "masked" else real
-            c = copy_logit[where] if s.copy_mechanism else None
+            where = masked if s.lm == "masked" else real
+            c = where.take(copy_logit) if s.copy_mechanism else None
             if c is not None and s.stop_gradient:
                 c = c.detach()
-            lm_logits = self.clm_head(hidden[where])  # (N, V)
+            lm_logits = self.clm_head(where.take(hidden))  # (N, V)
+            originals = where.take(batch.input_ids)
             if s.lm_form == "release" and c is not None:
-                ce = F.cross_entropy(lm_logits.float(), batch.input_ids[where], reduction="none")
-                lm_loss = (torch.sigmoid(-c.float()) * ce).mean()  # p_copy(0 | h) = sigmoid(-logit)
+                ce = F.cross_entropy(lm_logits.float(), originals, reduction="none")
+                lm_loss = where.mean(torch.sigmoid(-c.float()) * ce, empty=0)  # p_copy(0 | h) = sigmoid(-logit)
             else:
-                lm_loss = -lm_log_prob(lm_logits, c, x_mlm[where], batch.input_ids[where]).mean()
+                lm_loss = -where.mean(lm_log_prob(lm_logits, c, where.take(x_mlm), originals), empty=0)
             loss = loss + lm_loss
             metrics["lm_loss"] = lm_loss.detach()
-            metrics.update(self._clm_accuracy(hidden, copy_logit, x_mlm, batch.input_ids, is_original, real))
+            metrics.update(self._clm_accuracy(hidden, copy_logit, x_mlm, batch, is_original, masked))
 
         if s.scl:
-            x_crop, crop_mask = crop(batch.input_ids, real, s.crop_fraction)
+            x_crop, crop_mask = crop(batch.input_ids, batch.attention_mask, s.crop_fraction, self.static)
             s_crop = self.main(x_crop, crop_mask)[-1][:, 0]  # [CLS] of X^crop
             s_mlm = hidden[:, 0]
             if self.scl_head is not None:
@@ -290,21 +295,22 @@ class CocoLM(Objective):
         return Output(loss, metrics)
 
     @torch.no_grad()
-    def _clm_accuracy(self, hidden, copy_logit, x_mlm, x_orig, is_original, real) -> dict[str, torch.Tensor]:
-        """COCO-LM Fig. 8: accuracy of argmax p_LM on replaced tokens and on original tokens.
-        Original tokens are many: every k-th one (a deterministic subset about as large as the
-        replaced set, so no random numbers are drawn) estimates theirs without a vocabulary
-        projection on every token."""
-        replaced = real & ~is_original
-        original = real & is_original
-        stride = max(1, int(original.sum()) // max(int(replaced.sum()), 1))
-        every_kth = torch.zeros_like(original)
-        every_kth.view(-1)[::stride] = True
+    def _clm_accuracy(self, hidden, copy_logit, x_mlm, batch, is_original, masked) -> dict[str, torch.Tensor]:
+        """COCO-LM Fig. 8: accuracy of argmax p_LM on replaced tokens and on original tokens. Every replaced
+        token is a masked one, so the masked positions hold them all; original tokens are many, and a fixed
+        grid of positions (every k-th of a row, as many a row as the masked ones: no random numbers drawn)
+        estimates theirs without a vocabulary projection on every token."""
+        T = batch.mlm_mask.shape[1]
+        per_row = predictions_per_row(self.settings.masking, T)
+        stride = max(1, T // per_row)
+        grid = torch.zeros_like(batch.mlm_mask)
+        grid[:, ::stride] = True
+        original = self.select(grid & batch.attention_mask & is_original, -(-T // stride))
         out = {}
-        for name, where in (("replaced", replaced), ("original", original & every_kth)):
-            c = copy_logit[where] if self.settings.copy_mechanism else None
-            pred = lm_predict(self.clm_head(hidden[where]), c, x_mlm[where])
-            out[f"clm_acc_{name}"] = accuracy(pred, x_orig[where])
+        for name, where, within in (("replaced", masked, ~masked.take(is_original)), ("original", original, None)):
+            c = where.take(copy_logit) if self.settings.copy_mechanism else None
+            pred = lm_predict(self.clm_head(where.take(hidden)), c, where.take(x_mlm))
+            out[f"clm_acc_{name}"] = where.accuracy(pred, where.take(batch.input_ids), within)
         return out
 
     def main_encoder(self) -> Encoder:

@@ -13,6 +13,7 @@ from electralab.batch import Batch
 from electralab.config import EncoderConfig, GeneratorSize, MaskingConfig
 from electralab.model.encoder import Embeddings, Encoder
 from electralab.model.heads import LMHead
+from electralab.objectives.positions import Positions, predictions_per_row
 
 
 @dataclass
@@ -28,12 +29,25 @@ class Objective(nn.Module):
 
     Settings: type
     trains = True  # False: the no-pretraining control (objectives/none.py), exported as initialised
+    static = False  # fixed shapes for torch.compile(fullgraph=True) and CUDA graphs: set_static()
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def main_encoder(self) -> Encoder:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def select(self, mask: torch.Tensor, per_row: int) -> Positions:
+        """The positions of `mask` (B, T), at most `per_row` a row, gathered in this objective's form."""
+        return Positions(mask, per_row=per_row if self.static else None)
+
+    def masked(self, batch: Batch) -> Positions:
+        """The masked positions M (objectives/positions.py)."""
+        return self.select(batch.mlm_mask, predictions_per_row(self.settings.masking, batch.mlm_mask.shape[1]))
+
+    def per_token(self, mask: torch.Tensor) -> Positions:
+        """Positions of a per-token term (real tokens, replaced ones): weighted in place when static."""
+        return Positions(mask, weighted=self.static)
 
     def detect(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
         """(B, T) logits of "replaced" from the method's binary detector on `ids`, or None if it has none.
@@ -62,9 +76,19 @@ class MaskedLM(nn.Module):
         self.encoder = Encoder(cfg, tokens, **encoder_kwargs)
         self.head = LMHead(cfg.hidden, tokens, projection=projection, eps=cfg.layer_norm_eps, std=cfg.initializer_range)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch, masked: Positions | None = None) -> torch.Tensor:
+        """(M, V) logits at the masked positions (`masked`: the objective's form; None: the batch's, dynamic)."""
         hidden = self.encoder(batch.masked_ids, batch.attention_mask)
-        return self.head(hidden[-1][batch.mlm_mask])  # (M, V)
+        return self.head((masked or Positions(batch.mlm_mask)).take(hidden[-1]))  # (M, V)
+
+
+def set_static(module: nn.Module, on: bool = True) -> None:
+    """Every objective and encoder in `module` to the static step (or back): no shape or branch that depends
+    on the data, so torch.compile(fullgraph=True) captures the whole step and CUDA graphs can replay it. The
+    same losses as the dynamic step; on the CPU the dynamic one is cheaper (issue 38, docs/performance.md)."""
+    for m in module.modules():
+        if isinstance(m, (Objective, Encoder)):
+            m.static = on
 
 
 def share_embeddings(own: Embeddings, shared: Embeddings) -> None:
@@ -88,13 +112,6 @@ def sample(logits: torch.Tensor) -> torch.Tensor:
         return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)
 
 
-def replace_masked(input_ids: torch.Tensor, mlm_mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """X^orig with the masked positions replaced by `tokens` (M,)."""
-    out = input_ids.clone()
-    out[mlm_mask] = tokens
-    return out
-
-
 def random_tokens(count: int, vocab_size: int, device: torch.device, first: int = 5) -> torch.Tensor:
     """Uniform draws over the non-special vocabulary (ids >= 5)."""
     return torch.randint(first, vocab_size, (count,), device=device)
@@ -116,19 +133,9 @@ def grad_reverse(x: torch.Tensor, multiplier: float = 1.0) -> torch.Tensor:
     return _GradReverse.apply(x, multiplier)
 
 
-def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor, masked: Positions) -> torch.Tensor:
     """Mean cross-entropy over the masked positions; 0 (with a graph) when nothing is masked."""
-    if targets.numel() == 0:
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits.float(), targets)
-
-
-def accuracy(pred: torch.Tensor, target: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean of pred == target over `where` (NaN when empty: 'no such tokens in this batch')."""
-    hit = pred == target
-    if where is not None:
-        hit = hit[where]
-    return hit.float().mean() if hit.numel() else torch.tensor(float("nan"), device=pred.device)
+    return masked.mean(F.cross_entropy(logits.float(), targets, reduction="none"), empty=0)
 
 
 def replaced_prior(model: EncoderConfig, masking: MaskingConfig) -> float | None:
@@ -148,20 +155,20 @@ def detector_head(model: EncoderConfig, own: str) -> str:
 
 
 def rtd(
-    logits: torch.Tensor, is_replaced: torch.Tensor, attention_mask: torch.Tensor, prefix: str = "rtd"
+    logits: torch.Tensor, is_replaced: torch.Tensor, real: Positions, prefix: str = "rtd"
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Replaced token detection: BCE on every real token; logit > 0 means "replaced".
 
     Returns the mean loss and the diagnostics the papers plot: accuracy on replaced and on
     original tokens (AMOS Fig. 3b) and the fraction of tokens replaced.
     """
-    logits, target = logits[attention_mask].float(), is_replaced[attention_mask]
-    loss = F.binary_cross_entropy_with_logits(logits, target.float())
+    logits, target = real.take(logits).float(), real.take(is_replaced)
+    loss = real.mean(F.binary_cross_entropy_with_logits(logits, target.float(), reduction="none"), empty=0)
     pred = logits > 0
     metrics = {
         f"{prefix}_loss": loss.detach(),
-        f"{prefix}_acc_replaced": accuracy(pred, target, target),
-        f"{prefix}_acc_original": accuracy(pred, target, ~target),
-        "replaced_fraction": target.float().mean(),
+        f"{prefix}_acc_replaced": real.accuracy(pred, target, target),
+        f"{prefix}_acc_original": real.accuracy(pred, target, ~target),
+        "replaced_fraction": real.mean(target.float()),
     }
     return loss, metrics

@@ -25,10 +25,8 @@ from electralab.objectives.common import (
     MaskedLM,
     Objective,
     Output,
-    accuracy,
     detector_head,
     mlm_loss,
-    replace_masked,
     replaced_prior,
     rtd,
     sample,
@@ -72,15 +70,16 @@ class Electra(Objective):
         )
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
-        logits = self.generator(batch)  # (M, V)
-        targets = batch.input_ids[batch.mlm_mask]  # (M,)
-        gen_loss = mlm_loss(logits, targets)
-        replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(logits))
+        masked = self.masked(batch)
+        logits = self.generator(batch, masked)  # (M, V)
+        targets = masked.take(batch.input_ids)  # (M,)
+        gen_loss = mlm_loss(logits, targets, masked)
+        replaced = masked.put(batch.input_ids, sample(logits))
         is_replaced = replaced != batch.input_ids  # a lucky sample is "original"
         hidden = self.discriminator(replaced, batch.attention_mask)[-1]
-        rtd_loss, metrics = rtd(self.rtd_head(hidden), is_replaced, batch.attention_mask)
+        rtd_loss, metrics = rtd(self.rtd_head(hidden), is_replaced, self.per_token(batch.attention_mask))
         loss = gen_loss + self.settings.rtd_weight * rtd_loss
-        metrics.update(gen_loss=gen_loss.detach(), gen_acc=accuracy(logits.argmax(-1), targets))
+        metrics.update(gen_loss=gen_loss.detach(), gen_acc=masked.accuracy(logits.argmax(-1), targets))
         return Output(loss, metrics)
 
     def main_encoder(self) -> Encoder:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from electralab.batch import Batch
 from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig
 from electralab.model.encoder import Encoder, make_token_embedding
-from electralab.objectives.common import MaskedLM, Objective, Output, accuracy, mlm_loss
+from electralab.objectives.common import MaskedLM, Objective, Output, mlm_loss
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,11 @@ class MLM(Objective):
         self.mlm = MaskedLM(model, self.tokens)
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
-        logits = self.mlm(batch)  # (M, V)
-        targets = batch.input_ids[batch.mlm_mask]  # (M,)
-        loss = mlm_loss(logits, targets)
-        return Output(loss, {"mlm_loss": loss.detach(), "mlm_acc": accuracy(logits.argmax(-1), targets)})
+        masked = self.masked(batch)
+        logits = self.mlm(batch, masked)  # (M, V)
+        targets = masked.take(batch.input_ids)  # (M,)
+        loss = mlm_loss(logits, targets, masked)
+        return Output(loss, {"mlm_loss": loss.detach(), "mlm_acc": masked.accuracy(logits.argmax(-1), targets)})
 
     def main_encoder(self) -> Encoder:
         return self.mlm.encoder

@@ -35,11 +35,9 @@ from electralab.objectives.common import (
     MaskedLM,
     Objective,
     Output,
-    accuracy,
     detector_head,
     gumbel_noise,
     mlm_loss,
-    replace_masked,
     replaced_prior,
     rtd,
     sample,
@@ -191,28 +189,30 @@ class Teams(Objective):
 
     def forward(self, batch: Batch, progress: float = 0.0) -> Output:
         s = self.settings
-        targets = batch.input_ids[batch.mlm_mask]  # (M,)
-        gen_logits = self.generator(batch)  # (M, V)
-        gen_loss = mlm_loss(gen_logits, targets)
-        replaced = replace_masked(batch.input_ids, batch.mlm_mask, sample(gen_logits))
+        masked = self.masked(batch)
+        targets = masked.take(batch.input_ids)  # (M,)
+        gen_logits = self.generator(batch, masked)  # (M, V)
+        gen_loss = mlm_loss(gen_logits, targets, masked)
+        replaced = masked.put(batch.input_ids, sample(gen_logits))
         raw = self.discriminator(replaced, batch.attention_mask, raw=True)
         h_rtd, h_mws = self.task_states(raw, batch.attention_mask)
         loss = s.mlm_weight * gen_loss
-        metrics = {"gen_loss": gen_loss.detach(), "gen_acc": accuracy(gen_logits.argmax(-1), targets)}
+        metrics = {"gen_loss": gen_loss.detach(), "gen_acc": masked.accuracy(gen_logits.argmax(-1), targets)}
 
         if s.rtd_weight > 0:
-            rtd_loss, rtd_metrics = rtd(self.rtd_head(h_rtd), replaced != batch.input_ids, batch.attention_mask)
+            real = self.per_token(batch.attention_mask)
+            rtd_loss, rtd_metrics = rtd(self.rtd_head(h_rtd), replaced != batch.input_ids, real)
             loss = loss + s.rtd_weight * rtd_loss
             metrics.update(rtd_metrics)
         if s.mws_weight > 0:  # Eq. 7-8
             negatives = draw_candidates(gen_logits, targets, s.candidates, s.candidate_sampling)
             candidates = torch.cat([targets[:, None], negatives], 1)  # (M, K+1); the original first
-            z = self.mws_head.project(h_mws[batch.mlm_mask])  # (M, E)
+            z = self.mws_head.project(masked.take(h_mws))  # (M, E)
             scores = torch.einsum("me,mke->mk", z, self.tokens(candidates))  # (M, K+1)
             zero = torch.zeros_like(targets)
-            mws_loss = F.cross_entropy(scores.float(), zero) if targets.numel() else scores.sum() * 0
+            mws_loss = masked.mean(F.cross_entropy(scores.float(), zero, reduction="none"), empty=0)
             loss = loss + s.mws_weight * mws_loss
-            metrics.update(mws_loss=mws_loss.detach(), mws_acc=accuracy(scores.argmax(-1), zero))
+            metrics.update(mws_loss=mws_loss.detach(), mws_acc=masked.accuracy(scores.argmax(-1), zero))
         return Output(loss, metrics)
 
     def detect(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:

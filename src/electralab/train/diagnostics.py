@@ -55,6 +55,7 @@ from electralab.config import GuardConfig, MaskingConfig
 from electralab.data.loader import PretrainLoader
 from electralab.model.encoder import Encoder, SelfAttention
 from electralab.objectives.common import Objective, rtd
+from electralab.objectives.positions import Positions
 from electralab.train.common import autocast
 
 DETECTORS = ("rtd", "copy")  # binary heads whose loss is read against the base rate
@@ -183,7 +184,9 @@ class HeldOut:
                 for name, value in out.metrics.items():
                     add(name, float(value))
                 if detected is not None:
-                    _, fixed = rtd(detected, corrupted != batch.input_ids, batch.attention_mask, prefix="detector")
+                    _, fixed = rtd(
+                        detected, corrupted != batch.input_ids, Positions(batch.attention_mask), prefix="detector"
+                    )
                     entropy = binary_entropy(float(fixed["replaced_fraction"]))
                     add("detector_unigram_gain", 1.0 - float(fixed["detector_loss"]) / entropy if entropy else math.nan)
         objective.train(was_training)
