@@ -40,6 +40,7 @@ def prep(args) -> None:
 
     from sprint.bundle import check_size, pack
     from sprint.config import check_runs, load_config
+    from sprint.plan import device_seconds
     from sprint.state import write_source
 
     from electralab.config import load_params, to_dict
@@ -73,7 +74,9 @@ def prep(args) -> None:
     write_source(ROOT)
     print(
         f"prep: {len(cfg.methods)} methods + control, tasks {', '.join(cfg.tasks)}, {cfg.seeds} seed(s), "
-        f"{cfg.pieces} command(s) of {cfg.piece_seconds:.0f} s (+{cfg.grace_seconds:.0f} s grace)"
+        f"{cfg.pieces} command(s) of {cfg.piece_seconds:.0f} s (+{cfg.grace_seconds:.0f} s grace): "
+        f"{device_seconds(cfg.pieces, cfg.piece_seconds, cfg.grace_seconds) / 60:.1f} device-minutes planned of "
+        f"{cfg.device_minutes:g} (one start, then each command at once on the warm machine)"
     )
     print(f"prep: what travels: {total / 2**20:.1f} MiB (tracked files + .sprint/carry) + .sprint/state; limit 64 MiB")
     print(
@@ -150,6 +153,7 @@ SETTINGS = (
     "probe_seconds",
     "workers",
     "pretrain_seconds",
+    "device_minutes",
 )
 
 
@@ -158,12 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prep", help="CPU: build and pack the data, write the sprint's settings")
     p.add_argument("--preset")
-    p.add_argument("--methods", type=lambda s: s.split(","), help="runs, comma-separated (default mlm,electra,cocolm)")
-    p.add_argument("--tasks", type=lambda s: s.split(","), help="GLUE tasks (default sst2,cola,mrpc,stsb,rte)")
+    p.add_argument("--methods", type=lambda s: s.split(","), help="runs, comma-separated (default electra,mlm,cocolm)")
+    p.add_argument("--tasks", type=lambda s: s.split(","), help="GLUE tasks (default stsb,mrpc; any of sst2,cola,rte)")
     p.add_argument("--seeds", type=int, help="fine-tuning seeds: the first N of the preset's (default 2)")
-    p.add_argument("--pieces", type=int, help="commands to plan for (default 3)")
-    p.add_argument("--piece-seconds", type=float, help="one command's budget (default 420)")
-    p.add_argument("--grace-seconds", type=float, help="then running trials are stopped (default 60)")
+    p.add_argument("--pieces", type=int, help="commands to plan for (default 2)")
+    p.add_argument("--piece-seconds", type=float, help="one command's budget (default 330)")
+    p.add_argument("--grace-seconds", type=float, help="then running trials are stopped (default 30)")
+    p.add_argument("--device-minutes", type=float, help="the device time to plan within (default 15)")
     p.add_argument("--probe-seconds", type=float, help="timed pretraining steps per method (default 3)")
     p.add_argument("--workers", type=int, help="fine-tuning processes (default 8 on a GPU, 1 on a CPU)")
     p.add_argument("--pretrain-seconds", type=float, help="every method this long instead of the plan's")

@@ -523,6 +523,44 @@ def test_nan_loss_stops_with_the_step_keeps_the_checkpoint_and_fails_the_mlflow_
     assert failed.info.status == "FAILED" and "TrainingDiverged" in failed.data.tags["error"]
 
 
+@pytest.mark.compile
+def test_the_static_step_compiled_whole_trains_and_says_so_in_mlflow(project, tmp_path, tracking, monkeypatch):
+    """pretrain.step=static: the loop calls the objective's static form under torch.compile(fullgraph=True) (a
+    graph break would fail it), counts its FLOPs in one eager step, and tags the run with the step it took. The
+    backend is aot_eager (forward and backward traced, no code generated): inductor's C++ build of the same graph
+    takes two minutes of this test's CPU and is torch's, not the loop's (bench/train_step.py --static runs it)."""
+    import electralab.train.loop as loop
+    from electralab.train.loop import pretrain
+
+    compile_ = torch.compile
+    monkeypatch.setattr(
+        loop.torch, "compile", lambda model, fullgraph, mode: compile_(model, fullgraph=fullgraph, backend="aot_eager")
+    )
+
+    run_ = resolved(project, "electra", steps=3, log_every=1, step="static")
+    summary = pretrain(run_, project / "data" / "shards", tmp_path / "out", tmp_path / "scratch", show_progress=False)
+    assert summary["steps"] == 3 and summary["flops_per_step"] > 0 and math.isfinite(summary["loss"])
+    client = mlflow_client(tracking)
+    run = client.search_runs([client.get_experiment_by_name("electralab-tiny").experiment_id])[0]
+    assert run.data.tags["training_step"] == "static" and run.info.status == "FINISHED"
+    assert (tmp_path / "out" / "encoder").is_dir()
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"step": "cuda_graphs"}, "step='cuda_graphs' replays the step on a GPU: it needs use_gpu=true"),
+        ({"step": "static", "short_seq_len": 32}, "step='static' with short_seq_len=32: the short rows kept vary"),
+        ({"step": "static", "num_workers": 2}, "step='static' with num_workers=2: the compiled step is not measured"),
+    ],
+)
+def test_a_step_the_loop_cannot_take_is_a_config_error_naming_the_keys(settings, message):
+    from electralab.config import PretrainConfig, build
+
+    with pytest.raises(ConfigError, match=re.escape(f"presets.tiny.pretrain.{message}")):
+        build(PretrainConfig, settings, "presets.tiny.pretrain")
+
+
 @pytest.mark.parametrize("minutes, saved", [(0.0, [6]), (1e-9, [1, 2, 3, 4, 5, 6])])
 def test_checkpoint_minutes_adds_a_checkpoint_once_that_much_time_has_passed(
     project, tmp_path, tracking, monkeypatch, minutes, saved

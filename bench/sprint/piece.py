@@ -7,7 +7,7 @@ Order of work (what is done already is skipped; the first command does the first
    every run's fine-tuning costs;
 4. the plan (plan.py), printed: steps per method for equal GPU-seconds, and where each unit goes;
 5. per method: pretraining, then its fine-tuning, if the unit fits in what is left of this command;
-6. when every unit is done, the results table.
+6. at the end of every command, the results table of the runs fine-tuned so far.
 The state is saved and packed into $OUT after every step, so a command stopped from outside loses at
 most the step it was in.
 """
@@ -116,6 +116,7 @@ class Piece:
             if self.finetuner is not None:  # idle by now, or an error left trials running: end them
                 self.finetuner.close(kill=True)
             self.save()
+            self.write_results()
             self.report()
 
     def work(self) -> None:
@@ -291,14 +292,20 @@ class Piece:
         return self.finetuner
 
     def finish(self) -> None:
+        self.log["stopped"] = "done"
+
+    def write_results(self) -> None:
+        """results.csv and results.md of the runs fine-tuned so far, at the end of every command: the first
+        command's already sets its first method beside the control, whatever comes of the later ones."""
+        if self.state.units.get(CONTROL, {}).get("status") not in FINAL:
+            return
         state = self.state.as_dict()
         lines = table.rows(state)
         tasks = tuple(self.cfg.tasks)
         for directory in filter(None, (self.state.dir, self.out)):
             (directory / "results.csv").write_text(table.to_csv(lines, tasks), encoding="utf-8")
             (directory / "results.md").write_text(table.to_markdown(lines, state), encoding="utf-8")
-        self.log["stopped"] = "done"
-        say("results:\n" + table.to_markdown(lines, state))
+        say("results so far:\n" + table.to_markdown(lines, state))
 
     def report(self) -> None:
         left = [n for n in (CONTROL, *self.cfg.methods) if self.state.units.get(n, {}).get("status") not in FINAL]

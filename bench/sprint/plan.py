@@ -14,6 +14,14 @@ from __future__ import annotations
 import math
 
 MARGIN = 0.05  # of a command's budget, kept free for estimates that were low
+START_SECONDS = 90.0  # a fresh machine's start: 36 s to 2 minutes seen (the device tool's README; 27 Nov 2026)
+TRANSFER_SECONDS = 20.0  # each command's working tree and carry out, its files back, its Python start
+
+
+def device_seconds(pieces: int, piece_seconds: float, grace_seconds: float) -> float:
+    """The device time a sprint plans: one machine's start, then its commands one after another while it is still
+    warm (the device tool keeps it 30 s after a call: restore the state and run the next at once)."""
+    return START_SECONDS + pieces * (piece_seconds + grace_seconds + TRANSFER_SECONDS)
 
 
 def fits(capacities: list[float], units: int, unit_seconds: float) -> bool:

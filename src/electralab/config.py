@@ -306,6 +306,10 @@ class PretrainConfig:
     # fp32; "fp32" / "bf16" force one. Detected once at the start and logged (docs/findings.md, "Precision:
     # bf16 against fp32").
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # The training step: "dynamic" (eager; only the masked positions computed, the cheapest on a CPU), "static"
+    # (objectives/positions.py: fixed shapes, compiled whole by torch.compile(fullgraph=True)), "cuda_graphs"
+    # (static, replayed as CUDA graphs: one GPU). "auto": cuda_graphs on one GPU, else dynamic (docs/performance.md).
+    step: Literal["auto", "dynamic", "static", "cuda_graphs"] = "auto"
     log_every: int = bounded(10, lo=1)
     checkpoint_every: int = bounded(1000, lo=1)
     # Also a checkpoint once this many minutes passed since the last one, so that a kill loses at most that
@@ -326,6 +330,18 @@ class PretrainConfig:
             )
         if len(set(self.checkpoint_fractions)) != len(self.checkpoint_fractions):
             raise ConfigError(f"{where}.checkpoint_fractions={list(self.checkpoint_fractions)} repeats a value")
+        if self.step == "cuda_graphs" and not self.use_gpu:
+            raise ConfigError(f"{where}.step='cuda_graphs' replays the step on a GPU: it needs use_gpu=true")
+        if self.step in ("static", "cuda_graphs") and self.short_seq_len:
+            raise ConfigError(
+                f"{where}.step={self.step!r} with short_seq_len={self.short_seq_len}: the short rows kept vary from "
+                f"batch to batch (rows of [PAD] only are left out), a shape the static step cannot hold"
+            )
+        if self.step in ("static", "cuda_graphs") and self.num_workers > 1:
+            raise ConfigError(
+                f"{where}.step={self.step!r} with num_workers={self.num_workers}: the compiled step is not "
+                f"measured under DDP yet; data-parallel runs take the dynamic step (step: dynamic or auto)"
+            )
 
 
 FINETUNE_TASKS = ("mnli", "qqp", "qnli", "sst2", "cola", "rte", "mrpc", "stsb", "squad2")

@@ -16,7 +16,6 @@ there (the GPU sprint's commands end inside their time limit this way: stop=lamb
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shutil
 import time
@@ -37,6 +36,7 @@ from electralab.export import save_encoder
 from electralab.io import atomic_dir, fingerprint, write_json
 from electralab.model.encoder import count_parameters, set_dropout
 from electralab.objectives import Objective, build_objective
+from electralab.objectives.common import set_static
 from electralab.runs import ResolvedRun
 from electralab.train.checkpoint import Checkpointer, write_meta
 from electralab.train.common import (
@@ -92,6 +92,7 @@ def pretrain(
     if cfg.dropout is not None:
         set_dropout(objective, cfg.dropout)  # pretraining only: the export keeps the model's dropout
     model = wrap_ddp(objective, device) if dist.world_size > 1 else objective
+    step_kind, step_module = training_step(model, cfg, device)  # the module each micro-batch calls
     optimizer = make_optimizer(objective, cfg)
     schedule = make_schedule(optimizer, cfg)
     loader = PretrainLoader(
@@ -126,6 +127,7 @@ def pretrain(
         # attempt starts, since a shared machine's load decides its times
         tracker.tag(
             precision=precision,
+            training_step=step_kind,
             cpu_native_bf16=cpu_has_native_bf16(),
             machine=machine(device),
             load_at_start=f"{os.getloadavg()[0]:.1f}",
@@ -157,36 +159,36 @@ def pretrain(
     )
     window_start, window_steps = time.perf_counter(), 0
     last_saved = time.monotonic()  # checkpoint_minutes counts from here, then from each checkpoint
+    divergence = Divergence(device)
+    # progress (step / steps) as one device tensor updated in place: a compiled step reads it as an input
+    # (a Python float would be a constant of its graph), at the same address every step (CUDA graphs).
+    progress = torch.zeros((), device=device)
     objective.train()
     try:
         while objective.trains and step < cfg.steps:  # the no-pretraining control takes no step
             seed_step(run.seed, step, dist.rank)
+            progress.fill_(step / cfg.steps)
             loss_sum = torch.zeros((), device=device)
             for micro in range(accumulation):
                 batch = next(batches).to(device, non_blocking=True)
                 if step < short_until:
                     batch = batch.split(cfg.short_seq_len)
 
-                def forward_backward(batch: Batch = batch, last: bool = micro == accumulation - 1):
+                def forward_backward(module=step_module, batch: Batch = batch, last: bool = micro == accumulation - 1):
                     with sync_gradients(model, last), autocast(device, precision):
-                        out = model(batch, progress=step / cfg.steps)
+                        out = module(batch, progress=progress)
                         (out.loss / accumulation).backward()
                     return out
 
-                if flops_per_step is None and step >= short_until:  # the model FLOPs of a full micro-batch, once
-                    out, flops = count_flops(forward_backward)
+                if flops_per_step is None and step >= short_until:  # the model FLOPs of a full micro-batch, once,
+                    out, flops = count_flops(lambda: forward_backward(model))  # counted in an eager step
                     flops_per_step = float(flops) * accumulation * dist.world_size
                 else:
                     out = forward_backward()
                 loss_sum += out.loss.detach()
                 meter.add(out.metrics)
             grad_norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), cfg.clip_norm)
-            loss = float(loss_sum) / accumulation
-            if not (math.isfinite(loss) and math.isfinite(float(grad_norm))):
-                raise TrainingDiverged(
-                    f"run {run.name}: loss={loss} grad_norm={float(grad_norm)} at step {step + 1}; the last "
-                    f"good checkpoint is kept in {checkpointer.state_path}"
-                )
+            divergence.record(step + 1, loss_sum / accumulation, grad_norm)  # read where the loop reads the device
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
@@ -195,10 +197,11 @@ def pretrain(
             meter.add({"loss": loss_sum / accumulation, "grad_norm": grad_norm.detach()})  # on the device
             if "loss" not in last_logged:  # until a window is logged, the bar shows this step's loss and pace
                 pace = tokens_per_step * window_steps / (time.perf_counter() - window_start)
-                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{pace:.0f}", refresh=False)
+                bar.set_postfix(loss=f"{float(loss_sum) / accumulation:.3f}", tok_s=f"{pace:.0f}", refresh=False)
             bar.update(1)
 
             if step % cfg.log_every == 0 or step == cfg.steps:
+                divergence.check(run.name, checkpointer.state_path)
                 seconds = time.perf_counter() - window_start
                 elapsed += seconds
                 speed = {
@@ -219,6 +222,7 @@ def pretrain(
                 window_start, window_steps = time.perf_counter(), 0
 
             if heldout is not None and (step % cfg.guard.every == 0 or step == cfg.steps):
+                divergence.check(run.name, checkpointer.state_path)
                 started = time.perf_counter()
                 diagnostics = heldout.measure(objective, precision)
                 seconds = time.perf_counter() - started  # in the wall clock, not in the tokens/s of training
@@ -235,6 +239,7 @@ def pretrain(
             # The fraction first: a resume starts after the checkpoint's step, so a fraction at that step
             # must exist before the checkpoint does (a kill in between would otherwise lose it for good).
             if dist.is_main and step in fraction_steps:
+                divergence.check(run.name, checkpointer.state_path)
                 so_far = elapsed + time.perf_counter() - window_start
                 for fraction in fraction_steps[step]:
                     save_fraction(checkpointer, objective, fraction, step, so_far, devices)
@@ -243,6 +248,7 @@ def pretrain(
                 elapsed += time.perf_counter() - window_start
             overdue = cfg.checkpoint_minutes and time.monotonic() - last_saved >= cfg.checkpoint_minutes * 60
             if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps or pause or overdue):
+                divergence.check(run.name, checkpointer.state_path)  # never a checkpoint of a diverged model
                 if tracker:
                     tracker.flush()  # the steps this checkpoint covers are in the store before it exists
                 last_saved = time.monotonic()
@@ -367,6 +373,46 @@ def short_steps(cfg: PretrainConfig, seq_len: int, run_name: str) -> int:
             f"{seq_len} and be shorter than it"
         )
     return round(cfg.short_seq_until * cfg.steps)
+
+
+def training_step(model: torch.nn.Module, cfg: PretrainConfig, device: torch.device) -> tuple[str, Callable]:
+    """The step pretrain.step asks for ("auto" resolved) and what the loop calls for it: the model itself
+    (dynamic; DDP's wrapper with several ranks), or the objective in its static form compiled whole
+    (objectives/positions.py; one rank, PretrainConfig.check)."""
+    kind = cfg.step
+    if kind == "auto":
+        kind = "cuda_graphs" if device.type == "cuda" and cfg.num_workers == 1 else "dynamic"
+    if kind == "dynamic":
+        return kind, model
+    set_static(model)
+    return kind, torch.compile(model, fullgraph=True, mode="reduce-overhead" if kind == "cuda_graphs" else None)
+
+
+class Divergence:
+    """The first step whose loss or gradient norm was not finite, kept on the device and read only where the loop
+    reads the device anyway (a log, a held-out check, a checkpoint): the step itself never waits for the host, and
+    no checkpoint or fraction of a diverged model is written."""
+
+    NONE = 2**62
+
+    def __init__(self, device: torch.device):
+        self.step = torch.full((), self.NONE, dtype=torch.long, device=device)
+        self.values = torch.zeros(2, device=device)  # loss, grad_norm there
+
+    def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        values = torch.stack([loss.detach().float(), grad_norm.detach().float()])
+        first = ~values.isfinite().all() & (self.step == self.NONE)
+        self.step = torch.where(first, step, self.step)
+        self.values = torch.where(first, values, self.values)
+
+    def check(self, run_name: str, state_path: Path) -> None:
+        step = int(self.step)
+        if step != self.NONE:
+            loss, grad_norm = self.values.tolist()
+            raise TrainingDiverged(
+                f"run {run_name}: loss={loss} grad_norm={grad_norm} at step {step}; the last good checkpoint is "
+                f"kept in {state_path}"
+            )
 
 
 def make_schedule(optimizer: torch.optim.Optimizer, cfg: PretrainConfig) -> torch.optim.lr_scheduler.LambdaLR:

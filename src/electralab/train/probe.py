@@ -4,8 +4,9 @@ sprint's plan.
     python -m electralab.train.probe <run> <shards> [--params params.yaml] [--seconds 5]   # prints JSON
 
 The step is the training loop's own (electralab.train.loop): the run's objective on the real shards
-through PretrainLoader, the loop's precision (bf16 autocast where the hardware has it), the micro-batches of
-one optimizer step, clipping, the loss read back every step as the loop does, AdamW. Model FLOPs are
+through PretrainLoader, the loop's precision (bf16 autocast where the hardware has it) and step (pretrain.step: on
+one GPU the static step replayed as CUDA graphs, its compilation in the warm-up), the micro-batches of one optimizer
+step, clipping, AdamW; nothing read back from the device until the clock stops, as the loop. Model FLOPs are
 counted once (torch's FLOP counter, as the loop's MFU); MFU is against the device's peak
 (electralab.train.perf: the data-sheet dense bf16 peak of a GPU, the measured fp32 peak of a CPU). The loop's
 held-out checks, logging and checkpoints are not in it: a few percent of a run (docs/performance.md).
@@ -25,7 +26,7 @@ from electralab.model.encoder import set_dropout
 from electralab.objectives import build_objective
 from electralab.runs import ResolvedRun
 from electralab.train.common import autocast, resolve_precision
-from electralab.train.loop import Dist, accumulation_steps, choose_device, make_optimizer, seed_step
+from electralab.train.loop import Dist, accumulation_steps, choose_device, make_optimizer, seed_step, training_step
 from electralab.train.perf import count_flops, peak_flops
 
 WARMUP_STEPS = 3  # the first builds kernels and caches; the first of them also counts the FLOPs
@@ -56,6 +57,8 @@ def probe(run: ResolvedRun, shards_dir: Path, seconds: float, clock: Callable[[]
         )
     )
     objective.train()
+    kind, module = training_step(objective, cfg, device)
+    progress = torch.full((), 0.5, device=device)
     flops = 0
 
     def step(index: int, count: bool = False) -> None:
@@ -65,31 +68,35 @@ def probe(run: ResolvedRun, shards_dir: Path, seconds: float, clock: Callable[[]
         for _ in range(accumulation):
             batch = next(batches).to(device, non_blocking=True)
 
-            def forward_backward(batch=batch):
+            def forward_backward(batch=batch, module=module):
                 with autocast(device, precision):
-                    out = objective(batch, progress=0.5)
+                    out = module(batch, progress=progress)
                     (out.loss / accumulation).backward()
                 return out
 
-            if count:
-                out, f = count_flops(forward_backward)
+            if count:  # in an eager step, as the loop counts them
+                out, f = count_flops(lambda: forward_backward(module=objective))
                 flops += f
             else:
                 out = forward_backward()
             loss += out.loss.detach()
         torch.nn.utils.clip_grad_norm_(objective.parameters(), cfg.clip_norm)
-        float(loss)  # the loop reads the loss back every step (its NaN guard): the same wait here
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     began = clock()
     for i in range(WARMUP_STEPS):
         step(i, count=i == 0)
+    sync()
     warmup_s = clock() - began
     timed, started = 0, clock()
     while timed < 3 or clock() - started < seconds:
         step(WARMUP_STEPS + timed)
         timed += 1
+        if timed % 10 == 0:  # the clock reads the device's time, not how far ahead the host has queued
+            sync()
+    sync()
     step_s = (clock() - started) / timed
     peak = peak_flops(device, precision)  # as the loop's MFU: bf16 autocast against the bf16 peak
     tokens = cfg.batch_size * int(manifest["seq_len"])
@@ -97,6 +104,7 @@ def probe(run: ResolvedRun, shards_dir: Path, seconds: float, clock: Callable[[]
         "method": run.method,
         "device": device_name(device),
         "precision": precision,
+        "training_step": kind,
         "step_s": step_s,
         "steps_timed": timed,
         "warmup_s": warmup_s,
