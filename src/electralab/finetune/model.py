@@ -57,15 +57,16 @@ class FinetuneModel(nn.Module):
         logits = self.head(hidden[:, 0])  # (B, C) from [CLS]
         return logits.squeeze(-1) if self.kind == "regression" else logits
 
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """The batch's mean loss, or each row's (`reduction="none"`: batched trials weigh their padding rows out)."""
         if self.kind == "regression":
-            return F.mse_loss(logits.float(), labels.float())
+            return F.mse_loss(logits.float(), labels.float(), reduction=reduction)
         if self.kind == "span":  # mean of the start and end cross-entropies over the window's tokens
             return (
-                F.cross_entropy(logits[..., 0].float(), labels[:, 0])
-                + F.cross_entropy(logits[..., 1].float(), labels[:, 1])
+                F.cross_entropy(logits[..., 0].float(), labels[:, 0], reduction=reduction)
+                + F.cross_entropy(logits[..., 1].float(), labels[:, 1], reduction=reduction)
             ) / 2
-        return F.cross_entropy(logits.float(), labels)
+        return F.cross_entropy(logits.float(), labels, reduction=reduction)
 
 
 __all__ = ["ClassificationHead", "FinetuneModel"]

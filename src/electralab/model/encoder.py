@@ -60,8 +60,16 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     serial loop (15% of a 4 x 128 fine-tuning step on the AMD EPYC, docs/performance.md); here each 31-bit draw of
     the same generator gives two elements 15 random bits each, so p is rounded to a multiple of 2^-15 (0.1 ->
     0.100006). torch.manual_seed and the checkpointed RNG state govern it as they govern bernoulli_. Under
-    torch.compile, F.dropout: the compiler draws its own mask in the graph (`random_` would break it)."""
-    if not training or p == 0.0 or p == 1.0 or x.device.type != "cpu" or torch.compiler.is_compiling():
+    torch.compile or vmap (batched fine-tuning trials), F.dropout: the compiler draws its own mask in the graph
+    (`random_` would break it), vmap one mask a trial."""
+    if (
+        not training
+        or p == 0.0
+        or p == 1.0
+        or x.device.type != "cpu"
+        or torch.compiler.is_compiling()
+        or torch._C._functorch.is_batchedtensor(x)
+    ):
         return F.dropout(x, p, training)
     n = x.numel()
     bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_()  # uniform on [0, 2^31)
@@ -153,11 +161,13 @@ class SelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if bias is not None and bias.dtype != q.dtype:  # autocast: the mask must match q's dtype
             bias = bias.to(q.dtype)
-        if self.training and self.dropout_p > 0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
-            # SDPA with dropout on CPU is its math path with bernoulli_ masks: the same math, with `dropout`.
+        cpu_dropout = self.training and self.dropout_p > 0 and q.device.type == "cpu"
+        if torch._C._functorch.is_batchedtensor(q) or (cpu_dropout and not torch.compiler.is_compiling()):
+            # SDPA with dropout on CPU is its math path with bernoulli_ masks: the same math, with `dropout`. Under
+            # vmap (batched fine-tuning trials) SDPA has no batching rule: written out too.
             scores = (q * d**-0.5) @ k.transpose(-1, -2)
             probs = (scores if bias is None else scores + bias).softmax(dim=-1)
-            y = dropout(probs, self.dropout_p) @ v
+            y = dropout(probs, self.dropout_p, self.training) @ v
         else:
             dropout_p = self.dropout_p if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)

@@ -1,0 +1,169 @@
+"""Trials trained together: several seeds and learning rates of one task's grid as one batched model (issue 38).
+
+    histories = run_trials(data, encoder, [HParams(2e-5, 3, 32, 0.06), HParams(3e-5, 3, 32, 0.06)], [1, 2], settings)
+    histories[k]   # what run_trial(data, encoder, hps[k], seeds[k], settings) returns, one per trial
+
+A small encoder's trial leaves a GPU mostly idle (docs/scaling.md: about 7 GPU-minutes a run in 8 worker
+processes). Here one process trains K trials at once: one model per trial, their weights stacked along a new first
+dimension (torch.func.stack_module_state), every step one vmap'ed forward and backward over the trials' own batches
+(padded to one shape; padding rows weigh nothing) and one AdamW update of the stacked weights with each trial's own
+learning rate and schedule. Each trial is run_trial's: its head initialised under its seed, its batches in its
+seed's order, its schedule, AdamW with the same settings, its evaluations on its own weights. With dropout off the
+losses and metrics equal run_trial's within float tolerance (tests/test_finetune_batched.py); with dropout each
+trial draws its masks in vmap's stream ("different" randomness), not run_trial's, the same distribution.
+
+The trials of one call share the batch size and the epochs (the number of steps); seeds and learning rates and
+warm-ups differ. Not yet a path of the fine-tuning stage: Ray Tune runs one trial a worker (finetune/tuning.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import numpy as np
+import torch
+from torch.func import functional_call, stack_module_state, vmap
+
+from electralab import CLS_ID, PAD_ID
+from electralab.finetune.data import TaskData
+from electralab.finetune.features import train_batches
+from electralab.finetune.grid import HParams
+from electralab.finetune.model import FinetuneModel
+from electralab.finetune.trial import TrialSettings, evaluate
+from electralab.model.encoder import Encoder
+from electralab.objectives.common import set_static
+from electralab.train.common import autocast, resolve_precision
+
+
+def schedule_factor(step: int, warmup_steps: int, total_steps: int) -> float:
+    """train.common.linear_schedule's factor at `step`: linear warm-up, then linear decay to zero."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
+class StackedAdamW:
+    """torch's AdamW (decoupled weight decay, none on biases and LayerNorm: make_adamw) over weights stacked along
+    a first dimension of K trials, each with its own learning rate."""
+
+    def __init__(self, params: dict[str, torch.Tensor], betas: tuple[float, float], eps: float, weight_decay: float):
+        self.params, self.betas, self.eps, self.weight_decay = params, betas, eps, weight_decay
+        self.state = {n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in params.items()}
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, lrs: torch.Tensor) -> None:
+        """One update; lrs (K,) this step's learning rate of each trial."""
+        self.steps += 1
+        (b1, b2), t = self.betas, self.steps
+        correction1, correction2 = 1 - b1**t, math.sqrt(1 - b2**t)
+        for name, p in self.params.items():
+            lr = lrs.to(p.dtype).view(-1, *[1] * (p.dim() - 1))
+            m, v = self.state[name]
+            m.lerp_(p.grad, 1 - b1)
+            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            if p.dim() > 2:  # a matrix of each trial (make_adamw: no decay on biases and norms, ndim < 2)
+                p.mul_(1 - lr * self.weight_decay)
+            p.sub_(lr / correction1 * m / (v.sqrt() / correction2 + self.eps))
+            p.grad = None
+
+
+def clip_per_trial(params: dict[str, torch.Tensor], max_norm: float) -> None:
+    """clip_grad_norm_ for each trial alone: its gradients' global norm at most max_norm."""
+    squares = sum(p.grad.float().pow(2).flatten(1).sum(1) for p in params.values())
+    scale = (max_norm / (squares.sqrt() + 1e-6)).clamp(max=1.0)
+    for p in params.values():
+        p.grad.mul_(scale.to(p.grad.dtype).view(-1, *[1] * (p.dim() - 1)))
+
+
+def stacked_batch(data: TaskData, indices: list[np.ndarray]) -> tuple[torch.Tensor, ...]:
+    """The K trials' batches as (K, B, T) tensors, B and T the largest of them; a padding row is [CLS] alone and
+    weighs 0."""
+    batches = [data.train.batch(index) for index in indices]
+    rows, width = max(len(i) for i in indices), max(b[0].shape[1] for b in batches)
+    K = len(batches)
+    ids = torch.full((K, rows, width), PAD_ID, dtype=torch.long)
+    ids[:, :, 0] = CLS_ID
+    labels = torch.zeros((K, rows, *batches[0][2].shape[1:]), dtype=batches[0][2].dtype)
+    weights = torch.zeros((K, rows))
+    for k, (batch_ids, _, batch_labels) in enumerate(batches):
+        n, t = batch_ids.shape
+        ids[k, :n, :t], labels[k, :n], weights[k, :n] = batch_ids, batch_labels, 1.0
+    return ids, ids != PAD_ID, labels, weights
+
+
+def run_trials(
+    data: TaskData,
+    encoder: Encoder,
+    hps: list[HParams],
+    seeds: list[int],
+    settings: TrialSettings,
+    device: torch.device = torch.device("cpu"),
+) -> list[list[dict]]:
+    if len(hps) != len(seeds) or not hps:
+        raise ValueError(f"run_trials: {len(hps)} configurations for {len(seeds)} seeds")
+    if len({(hp.batch_size, hp.epochs) for hp in hps}) != 1:
+        raise ValueError("run_trials: the trials of one call share the batch size and the epochs")
+    started = time.perf_counter()
+    precision = resolve_precision(settings.precision, device)
+    models = []
+    for seed in seeds:
+        torch.manual_seed(seed)  # the head's initialisation, as run_trial
+        models.append(FinetuneModel(copy.deepcopy(encoder), data.task).to(device))
+    evaluator = copy.deepcopy(models[0])  # each trial's weights are copied in to evaluate them
+    for model in models:
+        set_static(model)  # the [PAD] mask always built: vmap cannot ask the host whether a batch has [PAD]
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+    optimizer = StackedAdamW(params, settings.adam_betas, settings.adam_eps, settings.weight_decay)
+    rngs = [np.random.default_rng(seed) for seed in seeds]  # each trial's order of batches
+    batch_size, epochs = hps[0].batch_size, hps[0].epochs
+    total = math.ceil(len(data.train) / batch_size) * epochs
+    peaks = torch.tensor([hp.lr for hp in hps], device=device)
+    warmups = [round(hp.warmup * total) for hp in hps]
+
+    def trial_loss(p, b, ids, mask, labels, weights):
+        logits = functional_call(base, (p, b), (ids, mask))
+        rows = base.loss(logits, labels, reduction="none")
+        return (rows * weights).sum() / weights.sum()
+
+    step_losses = vmap(trial_loss, randomness="different")
+    histories: list[list[dict]] = [[] for _ in hps]
+    step = 0
+    for epoch in range(1, epochs + 1):
+        base.train()
+        losses = []
+        orders = [train_batches(data.train.lengths, batch_size, rng, settings.group_by_length) for rng in rngs]
+        for indices in zip(*orders):
+            ids, mask, labels, weights = (t.to(device) for t in stacked_batch(data, list(indices)))
+            with autocast(device, precision):
+                loss = step_losses(params, buffers, ids, mask, labels, weights)  # (K,)
+            loss.sum().backward()  # the trials share no weight: each gets its own gradient
+            if settings.clip_norm > 0:
+                clip_per_trial(params, settings.clip_norm)
+            factors = [schedule_factor(step, w, total) for w in warmups]
+            optimizer.step(peaks * torch.tensor(factors, device=device))
+            step += 1
+            losses.append(loss.detach())
+        train_loss = torch.stack(losses).mean(0).tolist()
+        for k, history in enumerate(histories):
+            evaluated = {}
+            if settings.eval_every_epoch or epoch == epochs:
+                evaluator.load_state_dict({name: value[k] for name, value in {**params, **buffers}.items()})
+                evaluated = evaluate(evaluator, data, settings, device, precision)
+            history.append(
+                {
+                    "epoch": epoch,
+                    "train_loss": train_loss[k],
+                    **evaluated,
+                    "seconds": time.perf_counter() - started,
+                    "threads": torch.get_num_threads(),
+                    "trials_together": len(hps),
+                }
+            )
+    return histories
+
+
+__all__ = ["StackedAdamW", "run_trials"]
