@@ -34,14 +34,7 @@ from electralab.finetune.model import FinetuneModel
 from electralab.finetune.trial import TrialSettings, evaluate
 from electralab.model.encoder import Encoder
 from electralab.objectives.common import set_static
-from electralab.train.common import autocast, resolve_precision
-
-
-def schedule_factor(step: int, warmup_steps: int, total_steps: int) -> float:
-    """train.common.linear_schedule's factor at `step`: linear warm-up, then linear decay to zero."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+from electralab.train.common import autocast, resolve_precision, schedule_factor
 
 
 class StackedAdamW:

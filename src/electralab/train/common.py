@@ -28,17 +28,19 @@ def make_adamw(
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=True)
 
 
+def schedule_factor(step: int, warmup_steps: int, total_steps: int) -> float:
+    """The peak LR's factor at `step`: linear warm-up over `warmup_steps`, then linear decay to zero at
+    `total_steps`."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
 def linear_schedule(
     optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up to the peak LR over `warmup_steps`, then linear decay to zero at `total_steps`."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule_factor(step, warmup_steps, total_steps))
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
