@@ -23,6 +23,7 @@ Every Table 3 / Figure 4 ablation is a Settings switch; docs/methods.md maps row
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -110,7 +111,8 @@ def crop(
     content = attention_mask.sum(1) - 1  # (B,) real tokens after [CLS]
     keep = torch.clamp(torch.round(content.float() * fraction).long(), min=1)
     start = 1 + (torch.rand(B, device=input_ids.device) * (content - keep + 1).float()).long()
-    width = max(1, round((T - 1) * fraction)) if static else int(keep.max())  # Python's round: torch's half-even
+    # static: a bound on keep whatever float32 makes of a half-way product (the columns past a row's crop are [PAD])
+    width = min(T - 1, math.ceil((T - 1) * fraction) + 1) if static else int(keep.max())
     offsets = torch.arange(width, device=input_ids.device)
     valid = offsets[None, :] < keep[:, None]  # (B, L)
     index = (start[:, None] + offsets[None, :]).clamp(max=T - 1)
