@@ -50,10 +50,6 @@ class Positions:
         elif weighted:
             self.weights = mask.reshape(-1)
 
-    @property
-    def static(self) -> bool:
-        return self.weights is not None
-
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...): the rows this loss reads."""
         if self.index is not None:
