@@ -123,10 +123,10 @@ def run_trials(
         return (rows * weights).sum() / weights.sum()
 
     step_losses = vmap(trial_loss, randomness="different")
+    base.train()  # always: the trials are evaluated on `evaluator`
     histories: list[list[dict]] = [[] for _ in hps]
     step = 0
     for epoch in range(1, epochs + 1):
-        base.train()
         losses = []
         orders = [train_batches(data.train.lengths, batch_size, rng, settings.group_by_length) for rng in rngs]
         for indices in zip(*orders):

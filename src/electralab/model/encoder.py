@@ -55,6 +55,13 @@ def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int, 
     return buckets + torch.where(is_small, distance, large)
 
 
+def traced(x: torch.Tensor) -> bool:
+    """Whether `x` is being traced, by torch.compile or by vmap (batched fine-tuning trials): then only plain torch
+    operators, none of the CPU's hand-made fast paths (their in-place `random_` breaks a graph and has no batching
+    rule)."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x)
+
+
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """F.dropout, with a cheaper mask on CPU. torch's CPU bernoulli_ draws one 32-bit number per element in a
     serial loop (15% of a 4 x 128 fine-tuning step on the AMD EPYC, docs/performance.md); here each 31-bit draw of
@@ -62,14 +69,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     0.100006). torch.manual_seed and the checkpointed RNG state govern it as they govern bernoulli_. Under
     torch.compile or vmap (batched fine-tuning trials), F.dropout: the compiler draws its own mask in the graph
     (`random_` would break it), vmap one mask a trial."""
-    if (
-        not training
-        or p == 0.0
-        or p == 1.0
-        or x.device.type != "cpu"
-        or torch.compiler.is_compiling()
-        or torch._C._functorch.is_batchedtensor(x)
-    ):
+    if not training or p == 0.0 or p == 1.0 or x.device.type != "cpu" or traced(x):
         return F.dropout(x, p, training)
     n = x.numel()
     bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_()  # uniform on [0, 2^31)
@@ -162,7 +162,7 @@ class SelfAttention(nn.Module):
         if bias is not None and bias.dtype != q.dtype:  # autocast: the mask must match q's dtype
             bias = bias.to(q.dtype)
         cpu_dropout = self.training and self.dropout_p > 0 and q.device.type == "cpu"
-        if torch._C._functorch.is_batchedtensor(q) or (cpu_dropout and not torch.compiler.is_compiling()):
+        if torch._C._functorch.is_batchedtensor(q) or (cpu_dropout and not traced(q)):
             # SDPA with dropout on CPU is its math path with bernoulli_ masks: the same math, with `dropout`. Under
             # vmap (batched fine-tuning trials) SDPA has no batching rule: written out too.
             scores = (q * d**-0.5) @ k.transpose(-1, -2)

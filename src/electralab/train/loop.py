@@ -159,7 +159,7 @@ def pretrain(
     )
     window_start, window_steps = time.perf_counter(), 0
     last_saved = time.monotonic()  # checkpoint_minutes counts from here, then from each checkpoint
-    divergence = Divergence(device)
+    divergence = Divergence(device, run.name, checkpointer.state_path)
     # progress (step / steps) as one device tensor updated in place: a compiled step reads it as an input
     # (a Python float would be a constant of its graph), at the same address every step (CUDA graphs).
     progress = torch.zeros((), device=device)
@@ -201,7 +201,7 @@ def pretrain(
             bar.update(1)
 
             if step % cfg.log_every == 0 or step == cfg.steps:
-                divergence.check(run.name, checkpointer.state_path)
+                divergence.check()
                 seconds = time.perf_counter() - window_start
                 elapsed += seconds
                 speed = {
@@ -222,7 +222,7 @@ def pretrain(
                 window_start, window_steps = time.perf_counter(), 0
 
             if heldout is not None and (step % cfg.guard.every == 0 or step == cfg.steps):
-                divergence.check(run.name, checkpointer.state_path)
+                divergence.check()
                 started = time.perf_counter()
                 diagnostics = heldout.measure(objective, precision)
                 seconds = time.perf_counter() - started  # in the wall clock, not in the tokens/s of training
@@ -239,7 +239,7 @@ def pretrain(
             # The fraction first: a resume starts after the checkpoint's step, so a fraction at that step
             # must exist before the checkpoint does (a kill in between would otherwise lose it for good).
             if dist.is_main and step in fraction_steps:
-                divergence.check(run.name, checkpointer.state_path)
+                divergence.check()
                 so_far = elapsed + time.perf_counter() - window_start
                 for fraction in fraction_steps[step]:
                     save_fraction(checkpointer, objective, fraction, step, so_far, devices)
@@ -248,7 +248,7 @@ def pretrain(
                 elapsed += time.perf_counter() - window_start
             overdue = cfg.checkpoint_minutes and time.monotonic() - last_saved >= cfg.checkpoint_minutes * 60
             if dist.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.steps or pause or overdue):
-                divergence.check(run.name, checkpointer.state_path)  # never a checkpoint of a diverged model
+                divergence.check()  # never a checkpoint of a diverged model
                 if tracker:
                     tracker.flush()  # the steps this checkpoint covers are in the store before it exists
                 last_saved = time.monotonic()
@@ -395,7 +395,8 @@ class Divergence:
 
     NONE = 2**62
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, run_name: str, state_path: Path):
+        self.run_name, self.state_path = run_name, state_path  # what the error names
         self.step = torch.full((), self.NONE, dtype=torch.long, device=device)
         self.values = torch.zeros(2, device=device)  # loss, grad_norm there
 
@@ -405,13 +406,13 @@ class Divergence:
         self.step = torch.where(first, step, self.step)
         self.values = torch.where(first, values, self.values)
 
-    def check(self, run_name: str, state_path: Path) -> None:
+    def check(self) -> None:
         step = int(self.step)
         if step != self.NONE:
             loss, grad_norm = self.values.tolist()
             raise TrainingDiverged(
-                f"run {run_name}: loss={loss} grad_norm={grad_norm} at step {step}; the last good checkpoint is "
-                f"kept in {state_path}"
+                f"run {self.run_name}: loss={loss} grad_norm={grad_norm} at step {step}; the last good checkpoint "
+                f"is kept in {self.state_path}"
             )
 
 
