@@ -407,7 +407,7 @@ def recording_trainable(record_dir: str, fail_always: str = "", fail_once: str =
         from electralab.finetune.grid import TrialSpec
         from electralab.finetune.tuning import trainable
 
-        key = TrialSpec.from_dict(config["trial"]).key
+        (key,) = [TrialSpec.from_dict(trial).key for trial in config["trials"]]  # one grid trial a Tune trial
         attempt = P(record_dir) / key.replace("/", "|")
         attempts = int(attempt.read_text()) + 1 if attempt.exists() else 1
         attempt.write_text(str(attempts))
@@ -529,6 +529,76 @@ def test_the_trial_loop_learns_and_dynamic_padding_changes_nothing(vocab_dir):
         dynamic = model(*data.train.batch(index)[:2])
         fixed = model(*data.train.batch(index, pad_to=64)[:2])
     torch.testing.assert_close(dynamic, fixed, atol=1e-5, rtol=1e-5)
+
+
+def test_trials_together_are_packed_by_what_one_batched_model_can_share():
+    from electralab.finetune.grid import Group, HParams, TrialSpec
+    from electralab.finetune.tuning import packs
+
+    specs = [
+        TrialSpec(Group(task), HParams(lr, epochs, 32, 0.1), seed)
+        for task, epochs in (("stsb", 10), ("mrpc", 3), ("stsb", 3))
+        for lr in (1e-4, 3e-4)
+        for seed in (1, 2, 3)
+    ]
+    together = packs(specs, 4)
+    assert sorted(s.key for pack in together for s in pack) == sorted(s.key for s in specs)  # each once
+    assert [len(p) for p in together] == [4, 2, 4, 2, 4, 2]  # 6 trials of each kind: a full pack and the rest
+    for pack in together:  # one group, batch size and epoch count a pack; a learning rate may change inside
+        assert len({(s.group, s.hparams.batch_size, s.hparams.epochs) for s in pack}) == 1
+    assert [p[0] for p in together] == [specs[0], specs[4], specs[6], specs[10], specs[12], specs[16]]
+    assert packs(specs, 1) == [[s] for s in specs]
+
+
+@pytest.mark.slow
+def test_trials_trained_together_on_tune_are_the_batched_models_trials(tmp_path, models, env, local_ray, monkeypatch):
+    """resources.trials_together: the stage hands Tune packs of trials, each pack one batched model in one worker
+    (finetune/batched.py), and records one child per grid trial with what that model gave it."""
+    from electralab.finetune import batched, tuning
+    from electralab.finetune.protocol import finetune
+    from electralab.finetune.trial import TrialSettings
+
+    root = make_project(
+        tmp_path,
+        models,
+        "electra",
+        tasks=["stsb", "mrpc"],
+        efficiency_tasks=[],
+        few_shot_tasks=[],
+        resources={"trials_together": 5},
+    )
+    env(root)
+    params = load_params(root / "params.yaml")
+    run, cfg = resolve_run(params, "electra"), params.active.finetune
+    packs_seen = []
+    real = tuning.run_trials
+
+    def recording(specs, *args, **kwargs):
+        packs_seen.extend(tuning.packs(specs, cfg.resources.trials_together))
+        return real(specs, *args, **kwargs)
+
+    monkeypatch.setattr(tuning, "run_trials", recording)
+    summary = finetune(run, cfg, models, tmp_path / "scratch", mirror_root(), show_progress=False)
+    assert summary["trials"] == 2 * 2 * 5 and set(summary) >= {"stsb", "mrpc"}
+    assert sorted(len(p) for p in packs_seen) == [5, 5, 5, 5]  # each configuration's five seeds together
+    children = search(os.environ["MLFLOW_TRACKING_URI"], "electra", "finetune-trial")
+    assert len(children) == 20 and (children["metrics.trials_together"] == 5).all()
+
+    # What the stage recorded for one pack is what the batched model trains for it, in this process
+    from electralab.data.vocab import Tokenizer
+    from electralab.export import load_encoder
+    from electralab.finetune.data import prepare
+    from electralab.finetune.tasks import TASKS
+
+    pack = next(p for p in packs_seen if p[0].group.task == "mrpc")
+    data = prepare(TASKS["mrpc"], Tokenizer(models / "encoder"), cfg, mirror_root())[1.0]
+    torch.set_num_threads(1)  # as the Tune worker (resources.cpus 1)
+    again = batched.run_trials(
+        data, load_encoder(models / "encoder"), [s.hparams for s in pack], [s.seed for s in pack], TrialSettings.of(cfg)
+    )
+    mine = children[(children["tags.task"] == "mrpc") & (children["tags.config"] == pack[0].hparams.name)]
+    mine = mine.set_index(mine["params.seed"].astype(int)).loc[[s.seed for s in pack]]
+    assert [h[-1]["accuracy"] for h in again] == pytest.approx(mine["metrics.accuracy"].tolist(), abs=0.05)
 
 
 def test_trials_never_wait_for_resources_the_cluster_lacks(local_ray):

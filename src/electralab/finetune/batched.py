@@ -13,7 +13,8 @@ losses and metrics equal run_trial's within float tolerance (tests/test_finetune
 trial draws its masks in vmap's stream ("different" randomness), not run_trial's, the same distribution.
 
 The trials of one call share the batch size and the epochs (the number of steps); seeds and learning rates and
-warm-ups differ. Not yet a path of the fine-tuning stage: Ray Tune runs one trial a worker (finetune/tuning.py).
+warm-ups differ. The fine-tuning stage trains packs of its grid this way with `finetune.resources.trials_together`
+(finetune/tuning.py).
 """
 
 from __future__ import annotations

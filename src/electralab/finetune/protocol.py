@@ -23,7 +23,6 @@ re-run after an interruption runs only what is left. The scratch is removed when
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -227,8 +226,8 @@ class GridRun:
             finals[spec] = {m: last[m] for m in task.metrics if m in last}
             self.bar.update(1)
 
-        def on_complete(spec: TrialSpec, report: dict) -> None:
-            result = {"fingerprint": self.fingerprints[spec.group], "history": json.loads(report["history"])}
+        def on_complete(spec: TrialSpec, history: list[dict]) -> None:
+            result = {"fingerprint": self.fingerprints[spec.group], "history": history}
             self.store.put(spec, result)  # first: a finished trial is never run again
             self.trial_seconds += result["history"][-1].get("seconds", 0.0)
             record(spec, result)

@@ -1,4 +1,4 @@
-"""Trials on Ray Tune: one Tune trial per (configuration, seed) of a group, run in parallel with
+"""Trials on Ray Tune: one Tune trial per (configuration, seed) of a group (or per pack of them), run in parallel with
 per-trial resources (CPUs locally, a GPU or a fraction of one on a cluster), retried on failure.
 
     with ray_session(cfg.resources):
@@ -13,7 +13,12 @@ per-trial resources (CPUs locally, a GPU or a fraction of one on a cluster), ret
   Task data and encoder paths go to the object store once (`tune.with_parameters`); each trial
   fetches only its own task's data. Actors are reused between trials (`reuse_actors`), so a worker
   imports torch and loads an encoder once, not once per trial.
-* Retries: `FailureConfig(max_failures)` restarts a failed trial from scratch (it is seconds to
+* Trials together (`resources.trials_together` = K > 1): a Tune trial is a pack of up to K grid trials that
+  share a group, a batch size and an epoch count (the seeds of one configuration, then the next configuration's),
+  trained as one batched model (finetune/batched.py) on the trial's resources: a GPU's worth of small trials in
+  one process. K = 1 is one grid trial a Tune trial (finetune/trial.py), the default. Either way the driver gets
+  one history per grid trial.
+* Retries: `FailureConfig(max_failures)` restarts a failed trial (a whole pack) from scratch (it is seconds to
   minutes long; no mid-trial checkpoints). Resume across stage runs is the caller's ResultStore:
   finished trials are never handed to Tune again.
 * Local Ray: `num_cpus` = the CPUs this process may use (or resources.local_cpus), no dashboard, workers
@@ -111,10 +116,30 @@ def check_resources(resources: TrialResources) -> None:
             )
 
 
-class Collector(tune.Callback):
-    """Driver side: hands every completed trial's last report to `on_complete` as it finishes."""
+def packs(specs: list[TrialSpec], together: int) -> list[list[TrialSpec]]:
+    """`specs` in packs of at most `together` that one batched model can train (one group, batch size and epoch
+    count), in the order of each pack's first trial in `specs`."""
+    by_kind: dict[tuple, list[list[TrialSpec]]] = {}
+    out = []
+    for spec in specs:
+        kind = (spec.group, spec.hparams.batch_size, spec.hparams.epochs)
+        open_packs = by_kind.setdefault(kind, [])
+        if not open_packs or len(open_packs[-1]) == together:
+            open_packs.append([])
+            out.append(open_packs[-1])
+        open_packs[-1].append(spec)
+    return out
 
-    def __init__(self, on_complete: Callable[[TrialSpec, dict], None]):
+
+def pack_specs(config: dict) -> list[TrialSpec]:
+    return [TrialSpec.from_dict(d) for d in config["trials"]]
+
+
+class Collector(tune.Callback):
+    """Driver side: hands every completed grid trial's history to `on_complete(spec, history)` as its pack
+    finishes."""
+
+    def __init__(self, on_complete: Callable[[TrialSpec, list[dict]], None]):
         self.on_complete = on_complete
 
     def __getstate__(self) -> dict:
@@ -123,25 +148,36 @@ class Collector(tune.Callback):
         return {}
 
     def __setstate__(self, state: dict) -> None:
-        self.on_complete = lambda spec, report: None
+        self.on_complete = lambda spec, history: None
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.on_complete(TrialSpec.from_dict(trial.config["trial"]), trial.last_result)
+        for spec, history in zip(pack_specs(trial.config), json.loads(trial.last_result["histories"])):
+            self.on_complete(spec, history)
 
 
 def trainable(config: dict, *, refs: dict, encoders: dict[str, str], settings, gpus: float, threads: int) -> None:
-    """A Tune trial (runs in a Ray worker): fine-tune, report the history after every evaluation."""
+    """A Tune trial (runs in a Ray worker): fine-tune its pack of grid trials, report their histories (one trial
+    alone: after every evaluation; a pack trained together: at its end)."""
     torch.set_num_threads(threads)
-    spec = TrialSpec.from_dict(config["trial"])
-    data = ray.get(refs[(spec.group.task, spec.group.label_fraction)])
+    specs = pack_specs(config)
+    group = specs[0].group
+    data = ray.get(refs[(group.task, group.label_fraction)])
     device = torch.device("cuda") if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
-    encoder = cached_encoder(encoders[spec.group.checkpoint])
+    encoder = cached_encoder(encoders[group.checkpoint])
 
     def report(history: list[dict]) -> None:
-        tune.report({**history[-1], "history": json.dumps(history)})
+        tune.report({**history[-1], "histories": json.dumps([history])})
 
     try:
-        run_trial(data, encoder, spec.hparams, spec.seed, settings, device, report)
+        if len(specs) == 1:
+            run_trial(data, encoder, specs[0].hparams, specs[0].seed, settings, device, report)
+        else:
+            from electralab.finetune.batched import run_trials as train_together
+
+            histories = train_together(
+                data, encoder, [s.hparams for s in specs], [s.seed for s in specs], settings, device
+            )
+            tune.report({"histories": json.dumps(histories)})
     finally:
         release_freed_memory()
 
@@ -180,10 +216,10 @@ def run_trials(
     max_failures: int,
     storage: Path,
     name: str,
-    on_complete: Callable[[TrialSpec, dict], None],
+    on_complete: Callable[[TrialSpec, list[dict]], None],
     trainable_fn: Callable | None = None,
 ) -> list[tuple[str, str]]:
-    """Run `specs` on Tune; `on_complete(spec, last_report)` in the driver as each one finishes.
+    """Run `specs` on Tune; `on_complete(spec, history)` in the driver as each one finishes (a pack's together).
     Returns (trial key, error) for the trials that failed after their retries."""
     if not specs:
         return []
@@ -198,13 +234,14 @@ def run_trials(
         threads=max(1, int(resources.cpus)),
     )
     asked = {"cpu": resources.cpus, "gpu": resources.gpus}
+    grid = [[s.as_dict() for s in pack] for pack in packs(specs, resources.trials_together)]
     tuner = tune.Tuner(
         tune.with_resources(fn, {k: v for k, v in asked.items() if v}),
-        param_space={"trial": tune.grid_search([s.as_dict() for s in specs])},
+        param_space={"trials": tune.grid_search(grid)},
         tune_config=tune.TuneConfig(
             reuse_actors=True,
             max_concurrent_trials=resources.max_concurrent,
-            trial_name_creator=lambda t: TrialSpec.from_dict(t.config["trial"]).key,
+            trial_name_creator=lambda t: pack_name(pack_specs(t.config)),
             trial_dirname_creator=lambda t: f"trial-{t.trial_id}",
         ),
         run_config=tune.RunConfig(
@@ -215,19 +252,18 @@ def run_trials(
             verbose=0,
         ),
     )
-    grid = tuner.fit()
     errors = []
-    for result in grid:
+    for result in tuner.fit():
         if result.error is not None:  # the trial's own exception, not Ray's wrapper with its traceback
             cause = getattr(result.error, "cause", None) or result.error
             first_line = (str(cause).strip().splitlines() or [""])[0]
-            errors.append(
-                (
-                    TrialSpec.from_dict(result.config["trial"]).key,
-                    f"{type(cause).__name__}: {first_line} (traceback: {result.path}/error.txt)",
-                )
-            )
+            why = f"{type(cause).__name__}: {first_line} (traceback: {result.path}/error.txt)"
+            errors += [(spec.key, why) for spec in pack_specs(result.config)]
     return errors
+
+
+def pack_name(specs: list[TrialSpec]) -> str:
+    return specs[0].key + (f" and {len(specs) - 1} more" if len(specs) > 1 else "")
 
 
 __all__ = [
@@ -237,6 +273,7 @@ __all__ = [
     "check_resources",
     "init_ray",
     "local_cpus",
+    "packs",
     "release_freed_memory",
     "ray_session",
     "run_trials",
