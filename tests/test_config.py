@@ -186,6 +186,33 @@ def test_runs_that_read_each_other_are_a_cycle_not_a_recursion(raw):
         resolve_all(parse_params(looped))
 
 
+def test_another_pretraining_seed_of_a_row_trains_as_its_run_does_and_goes_where_it_goes(raw):
+    from electralab.runs import resolve_all, runs_for_tables
+
+    seeded = copy.deepcopy(raw)
+    seeded["runs"]["electra_seed2"] = {"method": "electra", "seed": 2, "seed_of": "electra"}
+    params = parse_params(seeded)
+    runs = resolve_all(params)
+    again, electra = runs["electra_seed2"], runs["electra"]
+    assert (again.row, again.seed, electra.seed) == ("electra", 2, 1) and again.tables == electra.tables
+    assert "electra_seed2" in runs_for_tables(params, ["coco-lm/table1"])
+    assert "electra_seed2" not in runs_for_tables(params, ["coco-lm/table3"])
+
+    def refused(change: dict, message: str) -> None:
+        bad = copy.deepcopy(seeded)
+        bad["runs"]["electra_seed2"] |= change
+        with pytest.raises(ConfigError, match=message):
+            resolve_all(parse_params(bad))
+
+    refused({"seed_of": "electra_typo"}, r"runs\.electra_seed2\.seed_of='electra_typo' is not a run of the registry")
+    refused(
+        {"settings": {"rtd_weight": 10.0}}, r"runs\.electra_seed2: another pretraining seed of 'electra' .* settings"
+    )
+    refused({"budget": "ablation"}, r"runs\.electra_seed2: another pretraining seed of 'electra' .* budget differs")
+    refused({"seed": 1}, r"runs\.electra_seed2\.seed=1: 'electra' already pretrains 'electra' with that seed")
+    refused({"seed_of": "electra_seed2"}, r"is not a run of the registry that is not itself another's seed")
+
+
 def test_each_methods_masking_default_is_its_papers_and_params_yaml_departs_from_none():
     # docs/methods.md "Masking": ELECTRA's release and TEAMS (BERT's data pipeline) never mask [CLS]/[SEP];
     # RoBERTa-style MLM, COCO-LM (App. D) and AMOS (the same fairseq code) do.

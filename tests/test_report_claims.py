@@ -36,8 +36,9 @@ TASKS = [
 ]
 
 
-def results(levels: dict[str, float], spread: float = 1.0) -> Results:
-    """Every run at `level` on every task, seed k at level + spread * NOISE_OF_SEED[k]."""
+def results(levels: dict[str, float], spread: float = 1.0, rows: dict[str, str] | None = None) -> Results:
+    """Every run at `level` on every task, seed k at level + spread * NOISE_OF_SEED[k]; `rows`: run -> the run it
+    is another pretraining seed of (its `row`)."""
     lines = []
     for run, level in levels.items():
         for task, metric in TASKS:
@@ -46,6 +47,7 @@ def results(levels: dict[str, float], spread: float = 1.0) -> Results:
             lines.append(
                 {
                     "run": run,
+                    "row": (rows or {}).get(run, run),
                     "task": task,
                     "checkpoint": "final",
                     "label_fraction": 1.0,
@@ -57,6 +59,7 @@ def results(levels: dict[str, float], spread: float = 1.0) -> Results:
                     "seeds": seeds,
                     "train_examples": TRAIN_EXAMPLES[task],
                     "run_id": run,
+                    "failed": False,
                 }
             )
     return Results("tiny", "sqlite://", "0", pd.DataFrame(lines), pd.DataFrame(columns=["run", "method", "run_id"]))
@@ -148,3 +151,68 @@ def test_the_report_says_how_much_of_each_training_set_was_used():
     note = training_data_note(results({"cocolm": 60.0}))
     assert "mnli 480 (a subset of 392,702)" in note and "sst2 20,000 (a subset of 67,349)" in note
     assert "cola 8,551 (all)" in note
+
+
+def seeded(levels: dict[str, list[float]], spread: float = 1.0) -> Results:
+    """Rows on several pretraining runs: row -> each run's level (runs row, row_seed2, row_seed3, ...)."""
+    runs = {
+        (row if i == 0 else f"{row}_seed{i + 1}"): (row, level)
+        for row, ls in levels.items()
+        for i, level in enumerate(ls)
+    }
+    return results(
+        {run: level for run, (_, level) in runs.items()}, spread, {run: row for run, (row, _) in runs.items()}
+    )
+
+
+def test_a_rows_pretraining_seeds_are_the_units_of_its_test():
+    """Three pretraining runs of ELECTRA 20 points apart (each tight over its fine-tuning seeds) against MLM:
+    one run alone would hold against MLM; the three together are within noise, with the runs' spread."""
+    spec = TABLES["coco-lm/table1"]
+    alone = by_claim(check_claims(spec, results({"electra": 70.0, "mlm": 58.0})))["electra>mlm"]
+    assert alone["verdict"] == HOLDS and (alone["pretrain_seeds"], alone["than_pretrain_seeds"]) == (1, 1)
+    line = by_claim(check_claims(spec, seeded({"electra": [70.0, 50.0, 60.0], "mlm": [58.0, 59.0, 57.0]})))[
+        "electra>mlm"
+    ]
+    assert (line["pretrain_seeds"], line["than_pretrain_seeds"], line["seeds"]) == (3, 3, 5)
+    assert line["verdict"] == NOISE
+    assert line["ours"] == pytest.approx(60.0 - 58.0)  # the medians of the runs' medians
+    assert line["spread"] == pytest.approx(np.sqrt((np.var([70, 50, 60], ddof=1) + np.var([58, 59, 57], ddof=1)) / 2))
+    # Tight pretraining seeds: holds, and the test is Welch's on the runs' means
+    line = by_claim(check_claims(spec, seeded({"electra": [65.0, 64.0, 66.0], "mlm": [58.0, 59.0, 57.0]})))[
+        "electra>mlm"
+    ]
+    from scipy import stats
+
+    assert line["verdict"] == HOLDS
+    assert line["p_value"] == pytest.approx(stats.ttest_ind([65, 64, 66], [58, 59, 57], equal_var=False).pvalue)
+
+
+def test_a_row_on_one_pretraining_run_is_tested_on_its_fine_tuning_seeds_against_anothers_runs():
+    """Several runs against one (the control): the one's fine-tuning seeds stand for its noise, and
+    claims.csv says it stands on one pretraining run."""
+    from scipy import stats
+
+    spec = TABLES["coco-lm/table1"]
+    line = by_claim(check_claims(spec, seeded({"electra": [65.0, 64.0, 66.0], "control": [40.0]})))["electra>control"]
+    assert (line["pretrain_seeds"], line["than_pretrain_seeds"]) == (3, 1) and line["verdict"] == HOLDS
+    control = [40.0 + NOISE_OF_SEED[s] for s in SEEDS]
+    assert line["p_value"] == pytest.approx(stats.ttest_ind([65, 64, 66], control, equal_var=False).pvalue)
+
+
+def test_a_tables_cell_of_a_row_on_several_pretraining_runs_pools_every_seed():
+    from electralab.report.build import cell_lookup
+
+    res = seeded({"electra": [70.0, 50.0, 60.0], "control": [40.0]})
+    lookup = cell_lookup(res.final_cells())
+    cell = lookup[("electra", "stsb", "spearman")]
+    values = [level + NOISE_OF_SEED[s] for level in (70.0, 50.0, 60.0) for s in SEEDS]
+    assert cell["median"] == pytest.approx(np.median(values)) and cell["std"] == pytest.approx(np.std(values, ddof=1))
+    assert (cell["min"], cell["max"], cell["failed"]) == (pytest.approx(49.6), pytest.approx(70.4), False)
+    assert ("electra_seed2", "stsb", "spearman") not in lookup  # the seeds are the row's, not rows of their own
+    assert lookup[("control", "stsb", "spearman")]["median"] == pytest.approx(40.0)  # one run: its own cell
+    # One pretraining seed diverged on a task: the row's cell is failed, not the other seeds' median
+    cells = res.final_cells().copy()
+    broken = (cells["run"] == "electra_seed3") & (cells["task"] == "stsb")
+    cells.loc[broken, "failed"] = True
+    assert cell_lookup(cells)[("electra", "stsb", "spearman")]["failed"]

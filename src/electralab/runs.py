@@ -11,6 +11,12 @@ built on another run's output) the path it reads:
 The tables and figures a run belongs to are the ones whose rows name it in the table registry
 (electralab.tables), not a key of its own.
 
+Another pretraining seed of a row is a run of its own that names the row's run in `seed_of` and differs from it
+in `seed` alone (checked): the report pools a row's pretraining seeds (electralab.report.claims), and a table
+that needs the row's run needs its seeds too.
+
+    electra_seed2: {method: electra, seed: 2, seed_of: electra}
+
 A run resolves to everything its pretraining needs: method settings (methods.<method> defaults,
 then the run's `settings`), and the encoder (the budget's `model`, then the run's `model`), generator
 sizes and pretraining schedule of the run's budget at the active preset.
@@ -48,6 +54,7 @@ class RunSpec:
     reads: str = DEFAULT_READS  # another run's output this run needs
     budget: str = MAIN_BUDGET  # presets.<p>.budgets.<budget>, else the main one
     seed: int | None = None  # None: the preset's pretrain.seed
+    seed_of: str | None = None  # the run this one repeats with another pretraining seed (its row's run)
     description: str = ""
 
     def check(self, where: str) -> None:
@@ -70,8 +77,13 @@ class ResolvedRun:
         return self.spec.method
 
     @property
+    def row(self) -> str:
+        """The run whose table rows this one is in: itself, or the run it is another pretraining seed of."""
+        return self.spec.seed_of or self.name
+
+    @property
     def tables(self) -> tuple[str, ...]:
-        return tables_of(self.name)
+        return tables_of(self.row)
 
     @property
     def seed(self) -> int:
@@ -157,6 +169,7 @@ def resolve_all(params: Params) -> dict[str, ResolvedRun]:
                     f"runs.{name}.reads={reads!r} is not the output of a run in the registry "
                     f"(use models/<run>[/...] or metrics/pretrain/<run>.json)"
                 )
+    check_seeds(runs)
     for name in runs:  # a run must not need its own output, through other runs either
         chain = [name]
         while (producer := producer_of(runs[chain[-1]].spec.reads)) in runs:
@@ -169,13 +182,40 @@ def resolve_all(params: Params) -> dict[str, ResolvedRun]:
     return runs
 
 
+def check_seeds(runs: dict[str, ResolvedRun]) -> None:
+    """A run with `seed_of` is its row's run again with another pretraining seed, and nothing else."""
+    seeds: dict[str, dict[int, str]] = {}
+    for name, run in runs.items():
+        base = run.spec.seed_of
+        if base is None:
+            continue
+        where = f"runs.{name}.seed_of"
+        if base not in runs or runs[base].spec.seed_of is not None or base == name:
+            raise ConfigError(f"{where}={base!r} is not a run of the registry that is not itself another's seed")
+        mine, theirs = run.as_params(), runs[base].as_params()
+        differ = [k for k in mine if k not in ("run", "seed") and mine[k] != theirs[k]]
+        if differ or run.spec.reads != runs[base].spec.reads:
+            what = differ[0] if differ else "reads"
+            raise ConfigError(
+                f"runs.{name}: another pretraining seed of {base!r} must train as it does but for `seed`; "
+                f"its {what} differs (state the same method, settings, model, budget and reads)"
+            )
+        taken = seeds.setdefault(base, {runs[base].seed: base})
+        if run.seed in taken:
+            raise ConfigError(
+                f"runs.{name}.seed={run.seed}: {taken[run.seed]!r} already pretrains {base!r} with that seed"
+            )
+        taken[run.seed] = name
+
+
 def runs_for_tables(params: Params, tables: list[str]) -> list[str]:
-    """The runs a set of tables needs, with the runs they read from (dependencies first)."""
+    """The runs a set of tables needs (each row's pretraining seeds among them), with the runs they read from
+    (dependencies first)."""
     unknown = [t for t in tables if t not in TABLES]
     if unknown:
         raise ConfigError(f"table {unknown[0]!r} is not a table; known: {', '.join(TABLES)}")
     specs = run_specs(params)
-    return with_producers(specs, [name for name in specs if set(tables_of(name)) & set(tables)])
+    return with_producers(specs, [n for n, s in specs.items() if set(tables_of(s.seed_of or n)) & set(tables)])
 
 
 def training_cost(run: ResolvedRun, vocab_size: int) -> float:
@@ -234,6 +274,7 @@ __all__ = [
     "resolve_run",
     "resolve_all",
     "run_specs",
+    "check_seeds",
     "runs_for_tables",
     "with_producers",
     "check_run",

@@ -41,6 +41,7 @@ class FinetuneTracker:
             seed=",".join(map(str, seeds)),
             stage="finetune",
             pretrain_run_id=pretrain_run_id,
+            row=run.row,
         )
         self.state_path = Path(state_path)
         self.parents: dict[str, dict] = read_json(self.state_path) if self.state_path.is_file() else {}

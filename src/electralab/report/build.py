@@ -129,6 +129,7 @@ def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
     """Fine-tuning parents (one per run, task, checkpoint, label fraction) -> one line per metric."""
     columns = [
         "run",
+        "row",
         "task",
         "checkpoint",
         "label_fraction",
@@ -148,6 +149,7 @@ def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
         label_fraction=pd.to_numeric(_tag(parents, "label_fraction", "1.0")),
     )
     parents = _latest_finished(parents, ["run", "task", "checkpoint", "label_fraction"])
+    parents = parents.assign(row=_tag(parents, "row", "").where(_tag(parents, "row", "") != "", parents["run"]))
     metrics = sorted(c.removeprefix("metrics.median_") for c in parents if c.startswith("metrics.median_"))
     by_seed = [
         (c, *re.fullmatch(r"metrics\.seed(\d+)_(.+)", c).groups())
@@ -159,6 +161,7 @@ def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
     for i, p in parents.iterrows():
         where = {
             "run": p["run"],
+            "row": p["row"],
             "task": p["task"],
             "checkpoint": p["checkpoint"],
             "label_fraction": p["label_fraction"],
@@ -323,10 +326,25 @@ TABLE_COLUMNS = [
 
 
 def cell_lookup(cells: pd.DataFrame) -> dict[tuple[str, str, str], dict[str, float]]:
-    """(run, task, metric) -> {median, std, min, max} from final_cells()."""
-    return {
-        (r.run, r.task, r.metric): {**{s: getattr(r, s) for s in STATS}, "failed": r.failed} for r in cells.itertuples()
-    }
+    """(run, task, metric) -> {median, std, min, max} from final_cells(): for a row that stands on several
+    pretraining runs (the `row` tag), keyed by the row's run, over every (pretraining, fine-tuning) seed's value
+    of them all, failed when any of them failed."""
+    out = {}
+    rows = cells["row"] if "row" in cells else cells["run"]
+    for (row, task, metric), group in cells.groupby([rows, cells["task"], cells["metric"]], sort=False):
+        if len(group) == 1:
+            r = group.iloc[0]
+            out[(row, task, metric)] = {**{s: r[s] for s in STATS}, "failed": bool(r["failed"])}
+            continue
+        values = np.array([v for seeds in group["seeds"] for v in seeds.values()], dtype=float)
+        if group["failed"].any():
+            pooled = dict.fromkeys(STATS, np.nan)
+        elif len(values) > 1:
+            pooled = dict(zip(STATS, [np.median(values), np.std(values, ddof=1), values.min(), values.max()]))
+        else:  # no per-seed values logged: the runs' medians
+            pooled = {**dict.fromkeys(STATS, np.nan), "median": float(np.median(group["median"]))}
+        out[(row, task, metric)] = {**pooled, "failed": bool(group["failed"].any())}
+    return out
 
 
 def glue_average(lookup: dict, run: str) -> float:

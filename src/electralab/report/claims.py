@@ -9,16 +9,22 @@ and every pretrained row against the no-pretraining control. For each comparison
 - the **score** of a row at one fine-tuning seed is the mean, over the table's tasks that both rows
   have (`claim_columns`), of that seed's value with the configuration the grid selected; seeds are the
   same numbers for every run and task, so a row has one score per seed;
-- **ours** is the difference of the two rows' median scores, **spread** the pooled standard deviation
-  of the scores (sqrt((s_A^2 + s_B^2) / 2), ddof=1);
+- a row may stand on several pretraining runs: its run and the runs that are other pretraining seeds of it
+  (params.yaml `runs.<run>.seed_of`, the MLflow tag `row`); each has its scores per fine-tuning seed;
+- **ours** is the difference of the two rows' scores, a row's score the median over its pretraining runs of each
+  run's median score (one run: its median); **spread** the pooled standard deviation
+  (sqrt((s_A^2 + s_B^2) / 2), ddof=1) of the test's units (below);
 - **published** is the same difference from the paper's numbers on the same tasks (where the paper
   prints them per task; TEAMS prints only a GLUE average, which is used instead). Against the control
   the premise "pretraining helps" stands in for it (no paper prints a control);
-- the **verdict** comes from Welch's two-sided t-test on the two rows' per-seed scores at
-  ALPHA = 0.05: "holds" when significant with the published sign, "reversed" when significant with
-  the other sign, "within noise" otherwise; "—" when a row has fewer than two seeds or no published
-  direction exists. With five seeds a difference of about 1.6 pooled standard deviations is the
-  smallest that can be significant.
+- the **verdict** comes from Welch's two-sided t-test at ALPHA = 0.05 (`nested_welch`): "holds" when
+  significant with the published sign, "reversed" when significant with the other sign, "within noise"
+  otherwise; "—" when a row has fewer than two seeds or no published direction exists. Its unit is the
+  pretraining run where a row has several (a run's mean over the fine-tuning seeds: the spread between them
+  holds the pretraining seeds' noise and the fine-tuning seeds' together), else the fine-tuning seed (one
+  pretraining run: its noise is not in the test, which `pretrain_seeds` = 1 says). With one pretraining run a
+  side it is the plain Welch test on the per-seed scores; with five seeds a difference of about 1.6 pooled
+  standard deviations is the smallest that can be significant, with three pretraining runs a side about 2.8.
 """
 
 from __future__ import annotations
@@ -35,7 +41,21 @@ from electralab.tables import GLUE_AVG, GLUE_AVG_PARTS, Column, TableSpec
 
 ALPHA = 0.05
 HOLDS, REVERSED, NOISE, NO_VERDICT = "holds", "reversed", "within noise", "—"
-CLAIM_COLUMNS = ["table", "claim", "run", "than", "tasks", "seeds", "ours", "spread", "p_value", "published", "verdict"]
+CLAIM_COLUMNS = [
+    "table",
+    "claim",
+    "run",
+    "than",
+    "tasks",
+    "seeds",
+    "pretrain_seeds",
+    "than_pretrain_seeds",
+    "ours",
+    "spread",
+    "p_value",
+    "published",
+    "verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -102,13 +122,32 @@ def verdict(ours: float, p_value: float, published: float) -> str:
 
 def welch_p_value(a: np.ndarray, b: np.ndarray) -> float:
     """Two-sided p of Welch's t-test (NaN with fewer than two values a side; 1 when nothing varies)."""
+    return nested_welch([a], [b])[0]
+
+
+def units(runs: list[np.ndarray]) -> np.ndarray:
+    """A row's units of test: its pretraining runs' mean scores where it has several, else its run's scores."""
+    return np.array([r.mean() for r in runs]) if len(runs) > 1 else runs[0]
+
+
+def nested_welch(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[float, float]:
+    """(two-sided p, pooled spread) of Welch's t-test between two rows, each a list of its pretraining runs' scores
+    per fine-tuning seed, on their `units`. NaN with fewer than two units a side; p 1 when nothing varies."""
     from scipy import stats
 
-    if len(a) < 2 or len(b) < 2:
-        return math.nan
-    if np.std(a) == 0 and np.std(b) == 0:
-        return 0.0 if np.mean(a) != np.mean(b) else 1.0
-    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    x, y = units(a), units(b)
+    if len(x) < 2 or len(y) < 2:
+        return math.nan, math.nan
+    spread = float(math.sqrt((np.var(x, ddof=1) + np.var(y, ddof=1)) / 2))
+    if np.std(x) == 0 and np.std(y) == 0:
+        return (0.0 if np.mean(x) != np.mean(y) else 1.0), spread
+    return float(stats.ttest_ind(x, y, equal_var=False).pvalue), spread
+
+
+def pretraining_runs(cells: pd.DataFrame, run: str) -> list[str]:
+    """The pretraining runs of `run`'s row: itself, then those whose `row` is it, that have cells."""
+    rows = cells["row"] if "row" in cells else cells["run"]
+    return sorted(set(cells.loc[rows == run, "run"]), key=lambda name: (name != run, name))
 
 
 def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
@@ -117,17 +156,17 @@ def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
     columns = claim_columns(spec)
     lines = []
     for c in comparisons(spec, setting):
-        mine, theirs = seed_scores(cells, c.run, columns), seed_scores(cells, c.than, columns)
-        shared = [name for name in mine if name in theirs]
-        seeds = sorted(set.intersection(*[set(mine[n]) & set(theirs[n]) for n in shared])) if shared else []
+        mine = [seed_scores(cells, run, columns) for run in pretraining_runs(cells, c.run)]
+        theirs = [seed_scores(cells, run, columns) for run in pretraining_runs(cells, c.than)]
+        every = [*mine, *theirs]
+        shared = [name for name in (mine or [{}])[0] if theirs and all(name in s for s in every)]
+        seeds = sorted(set.intersection(*[set(s[n]) for s in every for n in shared])) if shared else []
         score = lambda by_column: np.array([np.mean([by_column[n][s] for n in shared]) for s in seeds])  # noqa: E731
-        a, b = (score(mine), score(theirs)) if seeds else (np.array([]), np.array([]))
-        finite = bool(seeds) and np.isfinite(a).all() and np.isfinite(b).all()
-        ours = float(np.median(a) - np.median(b)) if finite else math.nan
-        spread = (
-            float(math.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2)) if finite and len(seeds) > 1 else math.nan
-        )
-        p_value = welch_p_value(a, b) if finite else math.nan
+        a, b = [score(s) for s in mine], [score(s) for s in theirs]
+        finite = bool(seeds) and all(np.isfinite(x).all() for x in a + b)
+        row_score = lambda runs: float(np.median([np.median(r) for r in runs]))  # noqa: E731
+        ours = row_score(a) - row_score(b) if finite else math.nan
+        p_value, spread = nested_welch(a, b) if finite else (math.nan, math.nan)
         published = 1.0 if c.than == spec.control else published_difference(spec, setting, c.row, c.than_row, shared)
         lines.append(
             {
@@ -137,6 +176,8 @@ def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
                 "than": c.than,
                 "tasks": ", ".join(shared),
                 "seeds": len(seeds),
+                "pretrain_seeds": len(a) if seeds else 0,
+                "than_pretrain_seeds": len(b) if seeds else 0,
                 "ours": ours,
                 "spread": spread,
                 "p_value": p_value,
@@ -157,6 +198,8 @@ __all__ = [
     "check_claims",
     "claim_columns",
     "comparisons",
+    "nested_welch",
+    "pretraining_runs",
     "verdict",
     "welch_p_value",
 ]

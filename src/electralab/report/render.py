@@ -241,8 +241,9 @@ CLAIMS_LEGEND = (
     "Claims: ours = difference of the two rows' median per-seed scores (mean over the tasks listed) "
     "± the pooled seed std; paper = the same difference in the paper; verdict by Welch's two-sided "
     "t-test on the per-seed scores, alpha 0.05 (holds / reversed: significant with the paper's sign "
-    "or against it; within noise: not significant). Against the control the premise is that "
-    "pretraining helps."
+    "or against it; within noise: not significant); where a row stands on several pretraining runs, its "
+    "score is the median of theirs and the test's unit is the run (its mean over the seeds), so the spread "
+    "holds the pretraining seeds' noise too. Against the control the premise is that pretraining helps."
 )
 
 
@@ -256,8 +257,15 @@ def _claim_cells(line: pd.Series) -> list[str]:
         number(line["published"], 2, sign=True),
         number(line["p_value"], 3),
         str(line["verdict"]),
-        f"{line['tasks']} ({line['seeds']} seeds)" if line["tasks"] else "—",
+        f"{line['tasks']} ({line['seeds']} seeds{pretraining(line)})" if line["tasks"] else "—",
     ]
+
+
+def pretraining(line: pd.Series) -> str:
+    """ "; pretraining seeds 3 and 1" where either row stands on several pretraining runs (a claims.csv of
+    before the column: none)."""
+    counts = [int(line.get(c, 1) or 1) for c in ("pretrain_seeds", "than_pretrain_seeds")]
+    return f"; pretraining seeds {counts[0]} and {counts[1]}" if max(counts) > 1 else ""
 
 
 CLAIM_HEAD = ["Claim", "Ours", "Paper", "p", "Verdict", "Tasks"]

@@ -28,6 +28,7 @@ def _tags(run: ResolvedRun) -> dict[str, str]:
         seed=run.seed,
         stage="pretrain",
         threads=torch.get_num_threads(),
+        row=run.row,
     )
 
 
