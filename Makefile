@@ -1,11 +1,12 @@
 # Two entry points (the README's first two commands):
 #   make repro      set up .venv from the lock file, then the headline comparison: the trained rows of
 #                   COCO-LM, AMOS and TEAMS Table 1 (MLM, ELECTRA, COCO-LM, AMOS, TEAMS) and the
-#                   no-pretraining control, pretrained, fine-tuned and reported (docs/reproducing.md)
+#                   no-pretraining control, three pretraining seeds each, pretrained, fine-tuned and reported
+#                   (docs/reproducing.md)
 #   make test       set up .venv from the lock file, check format and lint (ruff), then run the test suite
 #   make test-fast  the same without the tests that start servers or run the pipeline's stages (minutes)
 # and the rest:
-#   make repro-all  every run of every table and figure (`dvc repro`): about 21 hours on 2 CPU cores (docs/operations.md)
+#   make repro-all  every run of every table and figure (`dvc repro`): about 32 hours on 2 CPU cores (docs/operations.md)
 #   make results    after a repro: the report's numbers into results/<preset>/, the README and docs/results.md
 # Offline (no Hugging Face hub), point ELECTRALAB_DATA at a local mirror: ELECTRALAB_DATA=../shared/data
 # `make test` also needs Debian's chromium + chromium-driver (the UI tests): installed here when missing, as root.

@@ -190,13 +190,21 @@ def test_another_pretraining_seed_of_a_row_trains_as_its_run_does_and_goes_where
     from electralab.runs import resolve_all, runs_for_tables
 
     seeded = copy.deepcopy(raw)
-    seeded["runs"]["electra_seed2"] = {"method": "electra", "seed": 2, "seed_of": "electra"}
+    assert seeded["runs"]["electra_seed2"] == {
+        "method": "electra",
+        "reads": "data/shards",
+        "seed": 2,
+        "seed_of": "electra",
+        "description": "ELECTRA, pretraining seed 2",
+    }
     params = parse_params(seeded)
     runs = resolve_all(params)
     again, electra = runs["electra_seed2"], runs["electra"]
-    assert (again.row, again.seed, electra.seed) == ("electra", 2, 1) and again.tables == electra.tables
+    assert (again.row, again.seed, electra.seed) == ("electra", 2, 1)
+    assert again.tables == ("coco-lm/table1", "amos/table1", "teams/table1")  # electra's tables, not its figures
     assert "electra_seed2" in runs_for_tables(params, ["coco-lm/table1"])
     assert "electra_seed2" not in runs_for_tables(params, ["coco-lm/table3"])
+    assert "electra_seed2" not in runs_for_tables(params, ["coco-lm/fig3"])  # electra's efficiency figure
 
     def refused(change: dict, message: str) -> None:
         bad = copy.deepcopy(seeded)

@@ -74,10 +74,13 @@ def test_plan_puts_producers_first_and_every_target_is_a_stage_of_dvc_yaml():
     assert len(every.runs) == len(yaml.safe_load((ROOT / "params.yaml").read_text())["runs"])
     other = make_plan(ROOT, preset="small", runs=["mlm"])
     assert not other.in_place and other.workspace == ROOT / ".electralab" / "workspaces" / "small"
-    # Cheapest first: the control (which trains nothing), then by tokens x weights; ties in the registry's order.
+    # Cheapest first: the control (which trains nothing), then by tokens x weights; ties in the registry's order;
+    # every row's first pretraining run before the rows' other seeds.
     headline = make_plan(ROOT, tables=["coco-lm/table1", "amos/table1", "teams/table1"])
-    assert headline.runs == ("control", "mlm", "electra", "cocolm", "teams", "amos")
-    assert headline.costs[0] == 0 and list(headline.costs) == sorted(headline.costs)
+    rows = ("control", "mlm", "electra", "cocolm", "teams", "amos")
+    assert headline.runs == (*rows, *(f"{run}_seed{seed}" for run in rows for seed in (2, 3)))
+    assert headline.costs[0] == 0 and list(headline.costs[:6]) == sorted(headline.costs[:6])
+    assert list(headline.costs[6:]) == [cost for cost in headline.costs[:6] for _ in (2, 3)]
 
     assert targets(("cocolm", "cocolm_no_copy")) == [
         "corpus",
@@ -189,9 +192,10 @@ def test_targets_print_without_prefect(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = ("control", "mlm", "electra", "cocolm")
     runs = [
         f"{stage}@{run}"
-        for run in ("control", "mlm", "electra", "cocolm")
+        for run in (*rows, *(f"{row}_seed{seed}" for row in rows for seed in (2, 3)))
         for stage in ("pretrain", "finetune", "export")
     ]
     assert proc.stdout.split() == ["corpus", "shards", *runs]

@@ -85,7 +85,10 @@ def test_the_pin_fails_on_any_changed_value():
     differences = _differences(json.loads(FIXTURE.read_text(encoding="utf-8")), resolved(raw))
     assert set(differences) == {
         "presets.small.pretrain.precision: pinned 'auto', now 'fp32'",
-        *(f"runs.{run}.settings.rtd_weight: pinned 50.0, now 40.0" for run in ("electra", "electra_ablation")),
+        *(
+            f"runs.{run}.settings.rtd_weight: pinned 50.0, now 40.0"
+            for run in ("electra", "electra_ablation", "electra_seed2", "electra_seed3")
+        ),
     }
 
 

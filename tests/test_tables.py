@@ -28,7 +28,9 @@ def test_a_runs_tables_are_the_tables_and_figures_that_name_it():
     assert runs["control"].tables == ("coco-lm/table1", "amos/table1", "teams/table1")
     assert set(runs["control_ablation"].tables) == set(TABLES) - set(runs["control"].tables)
     assert "tables" not in runs["mlm"].as_params()  # a label, not what it trains: no resume fingerprint
-    assert [run for run in PARAMS.runs if not tables_of(run)] == [], "a run no table or figure needs"
+    assert [run for run in PARAMS.runs if not runs[run].tables] == [], "a run no table or figure needs"
+    # another pretraining seed of a row: the row's tables, not its figures (they plot runs by name)
+    assert runs["mlm_seed2"].tables == ("coco-lm/table1", "amos/table1", "teams/table1") and not tables_of("mlm_seed2")
 
 
 def test_the_fine_tuning_extras_follow_the_figures():

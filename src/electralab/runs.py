@@ -39,7 +39,7 @@ from electralab.config import (
 )
 from electralab.errors import ConfigError
 from electralab.objectives import METHODS, method_settings
-from electralab.tables import REGISTRY, tables_of
+from electralab.tables import FIGURES, REGISTRY, tables_of
 
 TABLES = tuple(REGISTRY)  # every table and figure key (flows/reproduce.py --tables)
 
@@ -83,7 +83,7 @@ class ResolvedRun:
 
     @property
     def tables(self) -> tuple[str, ...]:
-        return tables_of(self.row)
+        return tables_in(self.name, self.spec)
 
     @property
     def seed(self) -> int:
@@ -104,6 +104,14 @@ class ResolvedRun:
             "generators": to_dict(self.generators),
             "pretrain": to_dict(self.pretrain),
         }
+
+
+def tables_in(name: str, spec: RunSpec) -> tuple[str, ...]:
+    """The tables and figures a run is in: those naming it, or for another pretraining seed of a row, the tables
+    (not the figures, which plot their runs by name) naming the row's run."""
+    if spec.seed_of is None:
+        return tables_of(name)
+    return tuple(key for key in tables_of(spec.seed_of) if key not in FIGURES)
 
 
 def producer_of(reads: str) -> str | None:
@@ -169,7 +177,6 @@ def resolve_all(params: Params) -> dict[str, ResolvedRun]:
                     f"runs.{name}.reads={reads!r} is not the output of a run in the registry "
                     f"(use models/<run>[/...] or metrics/pretrain/<run>.json)"
                 )
-    check_seeds(runs)
     for name in runs:  # a run must not need its own output, through other runs either
         chain = [name]
         while (producer := producer_of(runs[chain[-1]].spec.reads)) in runs:
@@ -179,6 +186,7 @@ def resolve_all(params: Params) -> dict[str, ResolvedRun]:
                     f"({' -> '.join([*chain[chain.index(producer) :], producer])}); no order can train them"
                 )
             chain.append(producer)
+    check_seeds(runs)
     return runs
 
 
@@ -215,7 +223,7 @@ def runs_for_tables(params: Params, tables: list[str]) -> list[str]:
     if unknown:
         raise ConfigError(f"table {unknown[0]!r} is not a table; known: {', '.join(TABLES)}")
     specs = run_specs(params)
-    return with_producers(specs, [n for n, s in specs.items() if set(tables_of(s.seed_of or n)) & set(tables)])
+    return with_producers(specs, [n for n, s in specs.items() if set(tables_in(n, s)) & set(tables)])
 
 
 def training_cost(run: ResolvedRun, vocab_size: int) -> float:
@@ -235,9 +243,9 @@ def training_cost(run: ResolvedRun, vocab_size: int) -> float:
 
 def cheapest_first(params: Params, runs: dict[str, ResolvedRun], names: list[str]) -> dict[str, float]:
     """`names` and the runs they read, cheapest training first (a producer still before its readers; ties keep
-    the registry's order), each with its training_cost: a long command gives its first rows, the control's
-    among them, early, and can tell how long the rest will take from the pace of the first. `runs`: the
-    registry resolved (resolve_all)."""
+    the registry's order; other pretraining seeds after every row's first run), each with its training_cost: a
+    long command gives its first rows, the control's among them, early, and can tell how long the rest will take
+    from the pace of the first. `runs`: the registry resolved (resolve_all)."""
     specs = {name: run.spec for name, run in runs.items()}
     names = with_producers(specs, names)
     # A run that reads another's output is built from it (so not before it exists): its producer's cost stands
@@ -245,7 +253,9 @@ def cheapest_first(params: Params, runs: dict[str, ResolvedRun], names: list[str
     cost = {
         name: training_cost(runs[producer_of(specs[name].reads) or name], params.active.vocab.size) for name in names
     }
-    return {name: cost[name] for name in with_producers(specs, sorted(names, key=cost.__getitem__))}
+    # Every row's first pretraining run before any row's other seeds: a long command shows every row early.
+    order = sorted(names, key=lambda name: (specs[name].seed_of is not None, cost[name]))
+    return {name: cost[name] for name in with_producers(specs, order)}
 
 
 def with_producers(specs: dict[str, RunSpec], names: list[str]) -> list[str]:
