@@ -81,6 +81,8 @@ CANDIDATES = {
     },
     # Half the budget (its own schedule over half the steps), as it is and with the best short start.
     "half": lambda steps: [f"steps={steps // 2}"],
+    # The first look's budget (a quarter of the steps, its own schedule): does STS-B clear the control there?
+    "quarter": lambda steps: [f"steps={steps // 4}"],
     "short_16_25pct_half": lambda steps: [*short(16, 25), f"steps={steps // 2}"],
 }
 DETECTOR_GAINS = ("rtd_base_rate_gain", "copy_base_rate_gain")  # whichever the method's detector reports
