@@ -141,6 +141,28 @@ def test_sweep_figures_plot_final_medians(results, tmp_path):
     saved(fig, tmp_path, "none.png")
 
 
+def test_the_headline_figure_draws_every_seed_of_every_row_and_the_controls_score(tmp_path):
+    from test_report_claims import NOISE_OF_SEED, seeded
+
+    from electralab.tables import GLUE_AVG_PARTS
+
+    res = seeded({"electra": [65.0, 64.0, 66.0], "mlm": [58.0], "control": [40.0]})
+    runs = ["mlm", "electra", "cocolm", "control"]
+    points = F.headline_points(res.cells, runs, GLUE_AVG_PARTS)
+    assert set(points["run"]) == {"mlm", "electra", "control"} and (points["tasks"] == 7).all()  # QQP: none has it
+    assert len(points[points["run"] == "electra"]) == 3 * 5 and points["pretraining"].nunique() == 5
+    electra2 = points[points["pretraining"] == "electra_seed2"].set_index("seed")["score"]
+    assert electra2.to_dict() == pytest.approx({s: 64.0 + NOISE_OF_SEED[s] for s in NOISE_OF_SEED})
+    fig = F.headline_figure(points, runs, "control", "tiny")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["control", "electra", "mlm"]  # top to bottom: mlm first
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 3 * 5 + 5 + 5  # a dot per seed
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [line.get_xdata()[0] for line in dashed] == [pytest.approx(40.0)]  # the control's score
+    saved(fig, tmp_path, "headline.png")
+    assert texts(F.headline_figure(points.iloc[0:0], runs, "control", "tiny")).count(F.NO_DATA) == 1
+
+
 # --- COCO-LM Fig. 1/5 -----------------------------------------------------------------------------------
 
 

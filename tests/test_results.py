@@ -19,6 +19,14 @@ from electralab.report.snapshot import PAGES, headline, main, render_into, rende
 HEADLINE = re.search(r"^HEADLINE := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
 
 
+def test_the_makefiles_headline_is_the_registrys():
+    from electralab import tables
+
+    assert (
+        tuple(HEADLINE) == tables.HEADLINE
+    )  # the headline figure draws the registry's; make repro trains the Makefile's
+
+
 def test_the_readme_and_the_results_page_agree_with_the_committed_snapshot():
     folder = ROOT / "results" / load_params(ROOT / "params.yaml").preset
     for page, text in rendered(ROOT, folder, HEADLINE).items():
@@ -64,12 +72,16 @@ def test_the_headline_shows_each_claim_once_with_its_verdict_seeds_and_provenanc
         assert line.endswith(f"| {claim['verdict']} | {tasks} |"), line
     assert text.startswith("The tiny preset's report, built ") and "commits 0123456789abcdef; Test CPU; bf16" in text
     assert f"taken {taken['taken_utc']} UTC at {taken['commit']} (`make results`)" in text
+    assert "![The headline rows' scores, seed by seed](results/tiny/figures/headline.png)" in text  # the picture
 
     page = results_page(folder, HEADLINE)
     for key in HEADLINE:
         first = (folder / "tables" / f"{key.replace('/', '_')}.md").read_text().splitlines()[0]
         assert first.replace("### ", "## ", 1) in page
-    assert "| run | method | run_id |" in page and "](../results/tiny/figures/" in page
+    assert (
+        "| run | method | run_id |" in page
+        and "## Figures\n\n![headline](../results/tiny/figures/headline.png)" in page
+    )
 
     for page, text in rendered(root, folder, HEADLINE).items():  # the pages change only inside their block
         before = page.read_text()

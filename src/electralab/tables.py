@@ -522,6 +522,11 @@ REGISTRY: dict[str, TableSpec | FigureSpec] = {
 # into a figure with monkeypatch.setitem.
 
 
+# The headline comparison: the three papers' Table 1 (`make repro`: the Makefile's HEADLINE names the same, a test
+# checks it), whose rows the report's headline figure draws.
+HEADLINE = ("coco-lm/table1", "amos/table1", "teams/table1")
+
+
 def tables_of(run: str) -> tuple[str, ...]:
     """The tables and figures `run` is in, in REGISTRY order (its MLflow tag `tables`)."""
     return tuple(key for key, entry in REGISTRY.items() if run in entry.runs())
@@ -547,6 +552,7 @@ __all__ = [
     "FigureSpec",
     "GLUE_AVG",
     "GLUE_AVG_PARTS",
+    "HEADLINE",
     "GLUE_TASKS",
     "REGISTRY",
     "Row",

@@ -49,7 +49,7 @@ from electralab.report.build import (
 from electralab.report.claims import HOLDS, NOISE, REVERSED, check_claims
 from electralab.report.render import claims_details, claims_markdown, page_html, table_html, to_csv, to_markdown
 from electralab.report.why import explain, missing_reasons
-from electralab.tables import FIGURES, GLUE_AVG_PARTS, SQUAD2, TABLES
+from electralab.tables import CONTROL_RUN, FIGURES, GLUE_AVG_PARTS, HEADLINE, SQUAD2, TABLES
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,10 @@ def make_figures(results: Results, sources: Sources):
     # Panels that can never fill with this data (GLUE AVG without QQP offline) are left out, not drawn empty.
     glue = [] if sources.glue_avg_unavailable() else [F.GLUE_COLUMN]
     crop_columns, sweep_columns = [F.MNLI_M, F.MNLI_MM, *glue], [*glue, SQUAD2[1]]
+    headline_runs = list(dict.fromkeys(run for key in HEADLINE for run in TABLES[key].runs()))
+    headline = F.headline_points(results.cells, headline_runs, GLUE_AVG_PARTS)
     return {
+        "headline": (F.headline_figure(headline, headline_runs, CONTROL_RUN, preset), headline),
         "coco-lm/fig1-5": (F.cosine_figure(cos, preset), None),
         "coco-lm/fig3": (
             F.efficiency_figure(

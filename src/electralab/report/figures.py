@@ -63,6 +63,64 @@ def save(fig: Figure, path: str | Path) -> None:
     plt.close(fig)
 
 
+# --- the headline: every Table 1 row's score per seed, beside the control --------------------------------
+
+HEADLINE_COLUMNS = ("run", "pretraining", "seed", "score", "tasks")
+
+
+def headline_points(cells: pd.DataFrame, runs: Sequence[str], columns: Sequence[Column]) -> pd.DataFrame:
+    """One line per (row's run, pretraining run, fine-tuning seed): the score a claim tests (report/claims.py: the
+    mean over the columns), over the columns that every pretraining run with a number has."""
+    from electralab.report.claims import pretraining_runs, seed_scores
+
+    final = final_cells(cells)
+    scores = {run: {p: seed_scores(final, p, list(columns)) for p in pretraining_runs(final, run)} for run in runs}
+    present = [by_column for per_run in scores.values() for by_column in per_run.values() if by_column]
+    shared = [c.name for c in columns if present and all(c.name in by_column for by_column in present)]
+    lines = []
+    for run, per_run in scores.items():
+        for pretraining, by_column in per_run.items():
+            if not shared or not by_column:
+                continue
+            for seed in sorted(set.intersection(*[set(by_column[name]) for name in shared])):
+                score = float(np.mean([by_column[name][seed] for name in shared]))
+                lines.append(
+                    {"run": run, "pretraining": pretraining, "seed": seed, "score": score, "tasks": len(shared)}
+                )
+    return pd.DataFrame(lines, columns=list(HEADLINE_COLUMNS))
+
+
+def headline_figure(points: pd.DataFrame, runs: Sequence[str], control: str, preset: str) -> Figure:
+    """One row per run, top to bottom: a dot per (pretraining, fine-tuning) seed, coloured by pretraining run, a bar
+    at the row's score (the median of its pretraining runs' medians, as the claims take it), the control's dashed."""
+    fig, (ax,) = _figure(1, f"The headline rows' scores, seed by seed ({preset} preset)")
+    order = [run for run in runs if run in set(points["run"])]
+    if not order:
+        _no_data(ax, f"fine-tuned runs of {', '.join(runs)}")
+        return _finish(fig)
+    jitter = np.random.default_rng(0)  # the same picture for the same numbers
+    scores = {}
+    for y, run in enumerate(reversed(order)):
+        line = points[points["run"] == run]
+        by_run = list(line.groupby("pretraining", sort=False)["score"])
+        for k, (_, values) in enumerate(by_run):
+            ys = y + jitter.uniform(-0.15, 0.15, len(values))
+            ax.scatter(
+                values, ys, s=14, color=f"C{k}", alpha=0.8, label=f"pretraining seed {k + 1}" if y == 0 else None
+            )
+        scores[run] = float(np.median([values.median() for _, values in by_run]))
+        ax.plot([scores[run]] * 2, [y - 0.3, y + 0.3], color="black", linewidth=2)
+    if control in scores:
+        ax.axvline(scores[control], color="0.4", linestyle="--", linewidth=1, label="control's score")
+    ax.set_yticks(range(len(order)), list(reversed(order)))
+    tasks = int(points["tasks"].iloc[0])
+    ax.set_xlabel(f"mean over {tasks} GLUE tasks, one dot per fine-tuning seed; bar: the row's score")
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(fontsize=7, loc="lower right")
+    return _finish(fig)
+
+
 # --- metrics over pretraining steps ------------------------------------------------------------------
 
 

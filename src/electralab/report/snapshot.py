@@ -77,7 +77,9 @@ def headline(folder: Path, tables: list[str]) -> str:
     claims = pd.read_csv(folder / "claims.csv")
     claims = claims[claims["table"].isin(tables)].drop_duplicates(["run", "than"]).reset_index(drop=True)
     claims["tasks"] = claims["tasks"].fillna("")
-    return f"{provenance_line(folder)}\n\n{claims_markdown(claims)}"
+    figure = folder / "figures" / "headline.png"  # a report built before the figure existed has none
+    picture = f"![The headline rows' scores, seed by seed]({figure.relative_to(folder.parent.parent)})\n\n"
+    return f"{provenance_line(folder)}\n\n{picture if figure.exists() else ''}{claims_markdown(claims)}"
 
 
 def results_page(folder: Path, tables: list[str]) -> str:
@@ -92,7 +94,7 @@ def results_page(folder: Path, tables: list[str]) -> str:
         table = folder / "tables" / f"{stem(key)}.md"
         if table.exists():
             parts.append(table.read_text(encoding="utf-8").strip().replace("### ", "## ", 1))
-    figures = sorted((folder / "figures").glob("*.png"))
+    figures = sorted((folder / "figures").glob("*.png"), key=lambda f: (f.stem != "headline", f.stem))
     if figures:
         parts.append(
             "## Figures\n\n" + "\n\n".join(f"![{f.stem}](../{f.relative_to(folder.parent.parent)})" for f in figures)
