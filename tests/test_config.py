@@ -217,7 +217,10 @@ def test_another_pretraining_seed_of_a_row_trains_as_its_run_does_and_goes_where
         {"settings": {"rtd_weight": 10.0}}, r"runs\.electra_seed2: another pretraining seed of 'electra' .* settings"
     )
     refused({"budget": "ablation"}, r"runs\.electra_seed2: another pretraining seed of 'electra' .* budget differs")
-    refused({"seed": 1}, r"runs\.electra_seed2\.seed=1: 'electra' already pretrains 'electra' with that seed")
+    refused(
+        {"seed": 1}, r"runs\.electra_seed2\.seed=1: 'electra' already pretrains 'electra' with that seed \(the preset's"
+    )
+    refused({"seed": 3}, r"runs\.electra_seed3\.seed=3: 'electra_seed2' already pretrains 'electra' with that seed$")
     refused({"seed_of": "electra_seed2"}, r"is not a run of the registry that is not itself another's seed")
 
 

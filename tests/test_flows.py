@@ -509,7 +509,8 @@ def test_make_repro_needs_no_prefect_runs_cheapest_first_reports_each_row_then_t
 
     # Same flow, same task inputs, one changed run setting: DVC re-runs exactly that stage, and Prefect does not
     # answer from its input cache.
-    set_param(project, "runs.cocolm.settings", {"crop_fraction": 0.85})
+    for name in ("cocolm", "cocolm_seed2", "cocolm_seed3"):  # a row's pretraining seeds change together (checked)
+        set_param(project, f"runs.{name}.settings", {"crop_fraction": 0.85})
     changed = flow(project, env, "--runs", "cocolm", "control")
     assert changed.returncode == 0, changed.stderr[-3000:]
     assert ran(changed.stdout + changed.stderr) == ["pretrain@cocolm", "finetune@cocolm", "export@cocolm", "report"]

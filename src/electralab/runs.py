@@ -193,6 +193,9 @@ def resolve_all(params: Params) -> dict[str, ResolvedRun]:
 def check_seeds(runs: dict[str, ResolvedRun]) -> None:
     """A run with `seed_of` is its row's run again with another pretraining seed, and nothing else."""
     seeds: dict[str, dict[int, str]] = {}
+    of = {
+        base: [n for n, r in runs.items() if r.spec.seed_of == base] for base in {r.spec.seed_of for r in runs.values()}
+    }
     for name, run in runs.items():
         base = run.spec.seed_of
         if base is None:
@@ -206,12 +209,18 @@ def check_seeds(runs: dict[str, ResolvedRun]) -> None:
             what = differ[0] if differ else "reads"
             raise ConfigError(
                 f"runs.{name}: another pretraining seed of {base!r} must train as it does but for `seed`; "
-                f"its {what} differs (state the same method, settings, model, budget and reads)"
+                f"its {what} differs (a row's seeds change together: runs.{base} and "
+                f"{', '.join(f'runs.{n}' for n in of[base])} state the same method, settings, model, budget and reads)"
             )
         taken = seeds.setdefault(base, {runs[base].seed: base})
         if run.seed in taken:
+            whence = (
+                " (the preset's pretrain.seed; pick one no seed run of a row uses)"
+                if runs[taken[run.seed]].spec.seed is None
+                else ""
+            )
             raise ConfigError(
-                f"runs.{name}.seed={run.seed}: {taken[run.seed]!r} already pretrains {base!r} with that seed"
+                f"runs.{name}.seed={run.seed}: {taken[run.seed]!r} already pretrains {base!r} with that seed{whence}"
             )
         taken[run.seed] = name
 
