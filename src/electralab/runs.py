@@ -193,9 +193,6 @@ def resolve_all(params: Params) -> dict[str, ResolvedRun]:
 def check_seeds(runs: dict[str, ResolvedRun]) -> None:
     """A run with `seed_of` is its row's run again with another pretraining seed, and nothing else."""
     seeds: dict[str, dict[int, str]] = {}
-    of = {
-        base: [n for n, r in runs.items() if r.spec.seed_of == base] for base in {r.spec.seed_of for r in runs.values()}
-    }
     for name, run in runs.items():
         base = run.spec.seed_of
         if base is None:
@@ -207,10 +204,11 @@ def check_seeds(runs: dict[str, ResolvedRun]) -> None:
         differ = [k for k in mine if k not in ("run", "seed") and mine[k] != theirs[k]]
         if differ or run.spec.reads != runs[base].spec.reads:
             what = differ[0] if differ else "reads"
+            others = ", ".join(f"runs.{n}" for n, r in runs.items() if r.spec.seed_of == base)
             raise ConfigError(
                 f"runs.{name}: another pretraining seed of {base!r} must train as it does but for `seed`; "
                 f"its {what} differs (a row's seeds change together: runs.{base} and "
-                f"{', '.join(f'runs.{n}' for n in of[base])} state the same method, settings, model, budget and reads)"
+                f"{others} state the same method, settings, model, budget and reads)"
             )
         taken = seeds.setdefault(base, {runs[base].seed: base})
         if run.seed in taken:

@@ -149,7 +149,8 @@ def _finetune_cells(parents: pd.DataFrame) -> pd.DataFrame:
         label_fraction=pd.to_numeric(_tag(parents, "label_fraction", "1.0")),
     )
     parents = _latest_finished(parents, ["run", "task", "checkpoint", "label_fraction"])
-    parents = parents.assign(row=_tag(parents, "row", "").where(_tag(parents, "row", "") != "", parents["run"]))
+    row = _tag(parents, "row", "")  # runs from before the tag: each its own row
+    parents = parents.assign(row=row.where(row != "", parents["run"]))
     metrics = sorted(c.removeprefix("metrics.median_") for c in parents if c.startswith("metrics.median_"))
     by_seed = [
         (c, *re.fullmatch(r"metrics\.seed(\d+)_(.+)", c).groups())
@@ -325,25 +326,30 @@ TABLE_COLUMNS = [
 ]
 
 
+def row_of(cells: pd.DataFrame) -> pd.Series:
+    """Each cell's row: the run whose table rows it goes into (the `row` tag; cells made without one: its run)."""
+    return cells["row"] if "row" in cells else cells["run"]
+
+
 def cell_lookup(cells: pd.DataFrame) -> dict[tuple[str, str, str], dict[str, float]]:
     """(run, task, metric) -> {median, std, min, max} from final_cells(): for a row that stands on several
     pretraining runs (the `row` tag), keyed by the row's run, over every (pretraining, fine-tuning) seed's value
     of them all, failed when any of them failed."""
     out = {}
-    rows = cells["row"] if "row" in cells else cells["run"]
-    for (row, task, metric), group in cells.groupby([rows, cells["task"], cells["metric"]], sort=False):
+    for (row, task, metric), group in cells.groupby([row_of(cells), cells["task"], cells["metric"]], sort=False):
         if len(group) == 1:
             r = group.iloc[0]
             out[(row, task, metric)] = {**{s: r[s] for s in STATS}, "failed": bool(r["failed"])}
             continue
+        failed = bool(group["failed"].any())
         values = np.array([v for seeds in group["seeds"] for v in seeds.values()], dtype=float)
-        if group["failed"].any():
+        if failed:
             pooled = dict.fromkeys(STATS, np.nan)
         elif len(values) > 1:
             pooled = dict(zip(STATS, [np.median(values), np.std(values, ddof=1), values.min(), values.max()]))
         else:  # no per-seed values logged: the runs' medians
             pooled = {**dict.fromkeys(STATS, np.nan), "median": float(np.median(group["median"]))}
-        out[(row, task, metric)] = {**pooled, "failed": bool(group["failed"].any())}
+        out[(row, task, metric)] = {**pooled, "failed": failed}
     return out
 
 
@@ -454,6 +460,7 @@ __all__ = [
     "build_tables",
     "cell_lookup",
     "cell_value",
+    "row_of",
     "final_cells",
     "check_preset",
     "check_specs",

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from electralab.report.build import Results
+from electralab.report.build import Results, row_of
 from electralab.report.published import published_table
 from electralab.tables import GLUE_AVG, GLUE_AVG_PARTS, Column, TableSpec
 
@@ -146,8 +146,12 @@ def nested_welch(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[float, float
 
 def pretraining_runs(cells: pd.DataFrame, run: str) -> list[str]:
     """The pretraining runs of `run`'s row: itself, then those whose `row` is it, that have cells."""
-    rows = cells["row"] if "row" in cells else cells["run"]
-    return sorted(set(cells.loc[rows == run, "run"]), key=lambda name: (name != run, name))
+    return sorted(set(cells.loc[row_of(cells) == run, "run"]), key=lambda name: (name != run, name))
+
+
+def scores(by_column: dict[str, dict[int, float]], columns: list[str], seeds: list[int]) -> np.ndarray:
+    """A run's score at each seed (seed_scores' values): the mean over `columns`."""
+    return np.array([np.mean([by_column[name][seed] for name in columns]) for seed in seeds])
 
 
 def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
@@ -161,8 +165,7 @@ def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
         every = [*mine, *theirs]
         shared = [name for name in (mine or [{}])[0] if theirs and all(name in s for s in every)]
         seeds = sorted(set.intersection(*[set(s[n]) for s in every for n in shared])) if shared else []
-        score = lambda by_column: np.array([np.mean([by_column[n][s] for n in shared]) for s in seeds])  # noqa: E731
-        a, b = [score(s) for s in mine], [score(s) for s in theirs]
+        a, b = [scores(s, shared, seeds) for s in mine], [scores(s, shared, seeds) for s in theirs]
         finite = bool(seeds) and all(np.isfinite(x).all() for x in a + b)
         row_score = lambda runs: float(np.median([np.median(r) for r in runs]))  # noqa: E731
         ours = row_score(a) - row_score(b) if finite else math.nan
@@ -200,6 +203,7 @@ __all__ = [
     "comparisons",
     "nested_welch",
     "pretraining_runs",
+    "scores",
     "verdict",
     "welch_p_value",
 ]

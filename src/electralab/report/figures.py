@@ -71,21 +71,21 @@ HEADLINE_COLUMNS = ("run", "pretraining", "seed", "score", "tasks")
 def headline_points(cells: pd.DataFrame, runs: Sequence[str], columns: Sequence[Column]) -> pd.DataFrame:
     """One line per (row's run, pretraining run, fine-tuning seed): the score a claim tests (report/claims.py: the
     mean over the columns), over the columns that every pretraining run with a number has."""
-    from electralab.report.claims import pretraining_runs, seed_scores
+    from electralab.report.claims import pretraining_runs, scores, seed_scores
 
     final = final_cells(cells)
-    scores = {run: {p: seed_scores(final, p, list(columns)) for p in pretraining_runs(final, run)} for run in runs}
-    present = [by_column for per_run in scores.values() for by_column in per_run.values() if by_column]
+    values = {run: {p: seed_scores(final, p, list(columns)) for p in pretraining_runs(final, run)} for run in runs}
+    present = [by_column for per_run in values.values() for by_column in per_run.values() if by_column]
     shared = [c.name for c in columns if present and all(c.name in by_column for by_column in present)]
     lines = []
-    for run, per_run in scores.items():
+    for run, per_run in values.items():
         for pretraining, by_column in per_run.items():
             if not shared or not by_column:
                 continue
-            for seed in sorted(set.intersection(*[set(by_column[name]) for name in shared])):
-                score = float(np.mean([by_column[name][seed] for name in shared]))
+            seeds = sorted(set.intersection(*[set(by_column[name]) for name in shared]))
+            for seed, score in zip(seeds, scores(by_column, shared, seeds)):
                 lines.append(
-                    {"run": run, "pretraining": pretraining, "seed": seed, "score": score, "tasks": len(shared)}
+                    {"run": run, "pretraining": pretraining, "seed": seed, "score": float(score), "tasks": len(shared)}
                 )
     return pd.DataFrame(lines, columns=list(HEADLINE_COLUMNS))
 
@@ -115,8 +115,7 @@ def headline_figure(points: pd.DataFrame, runs: Sequence[str], control: str, pre
     ax.set_yticks(range(len(order)), list(reversed(order)))
     tasks = int(points["tasks"].iloc[0])
     ax.set_xlabel(f"mean over {tasks} GLUE tasks, one dot per fine-tuning seed; bar: the row's score")
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="lower right")
     return _finish(fig)
 
