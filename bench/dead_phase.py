@@ -14,6 +14,8 @@ its gain over the base rate (RTD, or COCO-LM's copy head) stays at the guard's 0
         --set pretrain.use_gpu=true --parallel 4 --minutes 8 --data <dir with shards/ and vocab/>
     # the encoders of finished points, fine-tuned as bench/signal_sweep.py does (STS-B, MRPC, CoLA, 5 seeds)
     ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py finetune electra-pre_ln-s1
+    # the controlled runs of a fair Table 1 (CONTROLS) and their methods' main rows, to the end of the budget
+    ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py --out results/controlled run --controls
 
 Each point (method, candidate, seed) is one process and one file, `--out/points/<method>-<candidate>-s<seed>.json`
 (the trace, where the detector left the base rate, the machine, precision, load and commit); a point with a
@@ -84,6 +86,29 @@ CANDIDATES = {
     # The first look's budget (a quarter of the steps, its own schedule): does STS-B clear the control there?
     "quarter": lambda steps: [f"steps={steps // 4}"],
     "short_16_25pct_half": lambda steps: [*short(16, 25), f"steps={steps // 2}"],
+    # Controlled runs of a fair Table 1 (CONTROLS below): one choice of a method changed, the rest its main row.
+    "linear_head": lambda steps: ["model.detector_head=linear"],  # Eq. 6 / Sec. 3.3's sigmoid(w^T h)
+    "no_scl": lambda steps: ["settings.scl=false"],
+    "scl_projection": lambda steps: ["settings.scl_projection=true"],
+    "lm_release": lambda steps: ["settings.lm_form=release"],
+    "rtd_export": lambda steps: ["settings.mws_weight=0", "settings.export=rtd"],
+    "mixture_uniform": lambda steps: ["settings.mixture=uniform"],
+    "generator_2_layers": lambda steps: ["generators.amos={layers: 2, exits: [1, 2]}"],
+    "amos_generator": lambda steps: ["generators.electra={layers: 3}"],  # AMOS's deepest exit: 3 layers, full width
+}
+# The controlled runs of issue "a fair Table 1" (docs/reproducing.md, "Controlled runs"): candidate -> the
+# methods it is run on. Each separates the tiny scale from one implementation choice that could explain a row
+# below ELECTRA: the detector's head (the releases differ), COCO-LM's contrastive term and its LM loss's form,
+# TEAMS's exported branch (its top layer sees only MWS), AMOS's generator (75% of the main model's layers here).
+CONTROLS = {
+    "linear_head": ("electra", "teams"),
+    "no_scl": ("cocolm",),
+    "scl_projection": ("cocolm",),
+    "lm_release": ("cocolm",),
+    "rtd_export": ("teams",),
+    "mixture_uniform": ("amos",),
+    "generator_2_layers": ("amos",),
+    "amos_generator": ("electra",),
 }
 DETECTOR_GAINS = ("rtd_base_rate_gain", "copy_base_rate_gain")  # whichever the method's detector reports
 
@@ -208,12 +233,28 @@ def load_points(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((out / "points").glob("*.json"))]
 
 
+def wanted_points(
+    methods: list[str], candidates: list[str] | None, points: list[str], seeds: list[int], controls: bool
+) -> list[tuple[str, str, int]]:
+    """(method, candidate, seed) in the order they run: the cross product, the --points, then with `controls` each
+    controlled method's main row and its controls. `candidates` None: every candidate but the controls, which
+    are one method's choice each (none with `controls`)."""
+    if candidates is None:
+        candidates = [] if controls else [c for c in CANDIDATES if c not in CONTROLS]
+    wanted = [(m, c, s) for c in candidates for m in methods for s in seeds]
+    wanted += [(*item.split("/", 1), s) for item in points for s in seeds]
+    if controls:
+        controlled = dict.fromkeys(m for ms in CONTROLS.values() for m in ms)
+        wanted += [(m, "base", s) for m in controlled for s in seeds]
+        wanted += [(m, c, s) for c, ms in CONTROLS.items() for m in ms for s in seeds]
+    return list(dict.fromkeys(wanted))
+
+
 def run(args) -> None:
     bad = [item for item in args.points if "/" not in item]
     if bad:
         sys.exit(f"error: --points {bad[0]!r}: give METHOD/CANDIDATE, e.g. cocolm/pre_ln")
-    wanted = [(m, c, s) for c in args.candidates for m in args.methods for s in args.seeds]
-    wanted += [(*item.split("/", 1), s) for item in args.points for s in args.seeds]  # after the cross product
+    wanted = wanted_points(args.methods, args.candidates, args.points, args.seeds, args.controls)
     unknown = sorted({c for _, c, _ in wanted} - set(CANDIDATES))
     if unknown:
         sys.exit(f"error: unknown candidate(s) {unknown}; choose from {sorted(CANDIDATES)}")
@@ -352,8 +393,9 @@ def main() -> None:
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the points not yet done")
     r.add_argument("--methods", nargs="+", default=["electra"])
-    r.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
+    r.add_argument("--candidates", nargs="+", help="default: every candidate but the controls (none with --controls)")
     r.add_argument("--points", nargs="+", default=[], metavar="METHOD/CANDIDATE", help="more points, run after")
+    r.add_argument("--controls", action="store_true", help="then the controlled runs (CONTROLS) and their main rows")
     r.add_argument("--seeds", nargs="+", type=int, default=[1])
     r.add_argument("--parallel", type=int, default=1, help="points at a time (one process each)")
     r.add_argument("--minutes", type=float, help="stop every point cleanly after this many minutes")

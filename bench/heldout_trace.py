@@ -90,30 +90,12 @@ def main() -> None:
             print(f"{task} {got['metric']}: median {got['median']:.1f} (seeds {seeds})")
 
 
-def trace(
-    run_name: str,
-    sets: list[str],
-    steps: int,
-    every: int,
-    out: Path,
-    *,
-    data: tuple[Path, Path] | None = None,
-    name: str | None = None,
-    stop=None,
-) -> dict:
-    """Pretrain the active preset's run `run_name` with `sets` (KEY=VALUE) for `steps` steps, the guard
-    measuring every `every` steps without stopping it. Returns the trace ({step: diagnostics}), where the
-    budget's guard would have stopped it, the error (a diverged run still has its trace), the encoder's
-    directory, the minutes and the resolved pretraining and fine-tuning settings. `data`: (shards, vocab) already built
-    (else the preset's, built once under bench/out/signal_sweep); `stop`: the loop's pause callback.
-    A ConfigError names a bad --set before any training."""
-    from signal_sweep import build_data
-
+def resolve(run_name: str, sets: list[str], steps: int, every: int):
+    """The active preset's run `run_name` at `steps` steps (the warm-up at the budget's fraction of them, the guard
+    and the log every `every` steps) with `sets` (KEY=VALUE) applied: (the ResolvedRun, the resolved Params, the
+    `vocab.<key>` sets). A ConfigError names a bad set (an unknown key, a value out of range or of the wrong type)."""
     from electralab.config import MAIN_BUDGET, deep_merge, load_params, parse_params
-    from electralab.runlog import read_runs
     from electralab.runs import check_run, resolve_run
-    from electralab.train.diagnostics import collapse, guard_active
-    from electralab.train.loop import pretrain
 
     params = load_params(ROOT / "params.yaml")
     raw, preset = params.raw, params.raw["presets"][params.preset]
@@ -146,7 +128,33 @@ def trace(
             node = node.setdefault(part, {})
         node[last] = yaml.safe_load(value)
     resolved = parse_params(raw)  # a value out of range or of the wrong type: named by its key
-    run = resolve_run(resolved, run_name)
+    return resolve_run(resolved, run_name), resolved, vocab_sets
+
+
+def trace(
+    run_name: str,
+    sets: list[str],
+    steps: int,
+    every: int,
+    out: Path,
+    *,
+    data: tuple[Path, Path] | None = None,
+    name: str | None = None,
+    stop=None,
+) -> dict:
+    """Pretrain the active preset's run `run_name` with `sets` (KEY=VALUE) for `steps` steps, the guard
+    measuring every `every` steps without stopping it. Returns the trace ({step: diagnostics}), where the
+    budget's guard would have stopped it, the error (a diverged run still has its trace), the encoder's
+    directory, the minutes and the resolved pretraining and fine-tuning settings. `data`: (shards, vocab) already built
+    (else the preset's, built once under bench/out/signal_sweep); `stop`: the loop's pause callback.
+    A ConfigError names a bad --set before any training."""
+    from signal_sweep import build_data
+
+    from electralab.runlog import read_runs
+    from electralab.train.diagnostics import collapse, guard_active
+    from electralab.train.loop import pretrain
+
+    run, resolved, vocab_sets = resolve(run_name, sets, steps, every)
     if data is not None and vocab_sets:
         raise ValueError("trace: vocab.<key> builds its own data; give data=None")
     shards, vocab = data or build_data(ROOT / "bench" / "out" / "signal_sweep", vocab_sets)

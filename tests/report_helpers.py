@@ -196,9 +196,13 @@ def populate(client, experiment: str, vocab_dir: Path, work: Path) -> None:
         series = {
             "wall_hours": lambda s, i=i: s / STEPS * (1.0 + i),
             "device_hours": lambda s, i=i: s / STEPS * (1.0 + i),
+            "heldout_token_cosine": lambda s, i=i: 0.9 - s / 1000 - i / 100,
         }
+        if run.split("_")[0] in ("electra", "amos"):  # an RTD detector, at its base rate until step 100
+            series["heldout_rtd_base_rate_gain"] = lambda s: max(0.0, (s - 100) / 1000)
         if run.startswith("cocolm"):
             series |= {
+                "heldout_copy_base_rate_gain": lambda s: s / 2000,
                 "scl_pos_cos": lambda s: 0.5 + s / 1000,
                 "scl_neg_cos": lambda s: 0.4 - s / 2000,
                 "copy_acc_replaced": lambda s: s / 400,

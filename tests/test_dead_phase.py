@@ -21,6 +21,26 @@ def gains(*values, key="rtd_base_rate_gain"):
     return {str(250 * i): {key: v} for i, v in enumerate(values)}
 
 
+@pytest.mark.parametrize("candidate, method", [(c, m) for c, ms in dead_phase.CONTROLS.items() for m in ms])
+def test_each_controlled_run_changes_its_methods_main_row_in_that_choice_alone(candidate, method):
+    import heldout_trace
+
+    base, _, _ = heldout_trace.resolve(method, [], dead_phase.STEPS, 250)
+    run, _, _ = heldout_trace.resolve(method, dead_phase.CANDIDATES[candidate](dead_phase.STEPS), dead_phase.STEPS, 250)
+    assert run.pretrain == base.pretrain  # the same schedule, batch and seed
+    changed = [part for part in ("settings", "model", "generators") if getattr(run, part) != getattr(base, part)]
+    assert len(changed) == 1, changed
+
+
+def test_the_controls_run_on_their_own_methods_after_those_methods_main_rows():
+    wanted = dead_phase.wanted_points(["electra"], None, [], [1], controls=True)
+    assert wanted[:4] == [("electra", "base", 1), ("teams", "base", 1), ("cocolm", "base", 1), ("amos", "base", 1)]
+    assert ("cocolm", "no_scl", 1) in wanted and ("electra", "no_scl", 1) not in wanted
+    assert len(wanted) == 4 + sum(len(ms) for ms in dead_phase.CONTROLS.values())
+    plain = dead_phase.wanted_points(["electra"], None, [], [1], controls=False)  # no control on another method
+    assert ("electra", "base", 1) in plain and not {c for _, c, _ in plain} & set(dead_phase.CONTROLS)
+
+
 def test_left_for_good_is_after_the_last_dip_and_first_is_the_shortcut():
     trace = gains(-0.01, 0.05, 0.01, 0.006, 0.03, 0.04, 0.09)  # an early shortcut that fades, then the real exit
     assert dead_phase.first_at(trace) == 250

@@ -163,6 +163,27 @@ def test_the_headline_figure_draws_every_seed_of_every_row_and_the_controls_scor
     assert texts(F.headline_figure(points.iloc[0:0], runs, "control", "tiny")).count(F.NO_DATA) == 1
 
 
+def test_learning_curves_are_each_runs_held_out_checks_by_step_and_by_hour(history, tmp_path):
+    runs = ["mlm", "electra", "cocolm", "amos", "teams"]  # teams logged nothing
+    points = F.learning_points(history, runs)
+    assert set(points["run"]) == {"mlm", "electra", "cocolm", "amos"}
+    electra = points[points["run"] == "electra"].set_index("step")
+    assert list(electra.index) == list(range(10, STEPS + 1, 10))
+    assert electra.loc[50, "detector_gain"] == 0.0 and electra.loc[200, "detector_gain"] == pytest.approx(0.1)
+    assert electra.loc[100, "hours"] == pytest.approx(100 / STEPS * 2.0)  # its wall_hours at that step
+    assert points[points["run"] == "cocolm"].set_index("step").loc[200, "detector_gain"] == pytest.approx(0.1)
+    assert points[points["run"] == "mlm"]["detector_gain"].isna().all()  # no detector: token cosine only
+    fig = F.learning_curves_figure(points, runs, 0.02, "tiny")
+    by_step, by_hour, cosine = fig.axes
+    assert set(lines(by_step)) == {"electra", "cocolm", "amos", "the guard's 0.02"}
+    np.testing.assert_allclose(lines(by_hour)["electra"], electra["detector_gain"])
+    np.testing.assert_allclose(by_hour.get_lines()[0].get_xdata(), electra["hours"])
+    assert set(lines(cosine)) == {"mlm", "electra", "cocolm", "amos"}
+    saved(fig, tmp_path, "learning.png")
+    empty = F.learning_curves_figure(F.learning_points(EMPTY_HISTORY, runs), runs, 0.02, "tiny")
+    assert texts(empty).count(F.NO_DATA) == 3
+
+
 # --- COCO-LM Fig. 1/5 -----------------------------------------------------------------------------------
 
 

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: threads on
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = stage_args("report")[1:]  # dvc.yaml's paths, relative to the project root: the tests work there
-FIGURES = [
+OURS = ["headline", "learning_curves"]  # the report's own figures
+FIGURES = [  # the papers'
     "coco-lm/fig1-5",
     "coco-lm/fig3",
     "coco-lm/fig4",
@@ -86,11 +87,11 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
         )
         csv = pd.read_csv(reports / "tables" / f"{stem(key)}.csv")
         assert (csv["preset"] == "tiny").all()
-    for key in ["headline", *FIGURES]:  # ours, then the papers'
+    for key in [*OURS, *FIGURES]:  # ours, then the papers'
         assert (reports / "figures" / f"{stem(key)}.png").read_bytes().startswith(b"\x89PNG")
     page = (reports / "index.html").read_text()
     # Each table three times: compact, with spread, range and difference behind its <details>, and its claims.
-    assert page.count("data:image/png;base64,") == 1 + len(FIGURES) and page.count("<table>") == 3 * len(TABLES)
+    assert page.count("data:image/png;base64,") == len(OURS) + len(FIGURES) and page.count("<table>") == 3 * len(TABLES)
     assert page.count("<details>") == 2 * len(TABLES)
     assert "| `cocolm_rtd_only` |" in (reports / "report.md").read_text()
     t3 = pd.read_csv(reports / "tables" / "coco-lm_table3.csv")

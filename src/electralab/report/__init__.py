@@ -31,6 +31,7 @@ from typing import Iterable
 import pandas as pd
 
 from electralab import tracking
+from electralab.config import GuardConfig
 from electralab.io import atomic_dir, write_json
 from electralab.report import figures as F
 from electralab.report.build import (
@@ -81,7 +82,7 @@ HISTORY_METRICS = sorted(
     {m for series in F.SCL_SERIES.values() for _, m, _ in series}
     | {m for _, m in F.COPY_CLM_PANELS}
     | {m for _, m, _ in F.MIX_SERIES}
-    | {"rtd_acc_replaced", "wall_hours"}
+    | {"rtd_acc_replaced", "wall_hours", *F.DETECTOR_GAINS, F.TOKEN_COSINE}
 )
 
 
@@ -128,12 +129,14 @@ def make_figures(results: Results, sources: Sources):
     """Every figure: key -> (matplotlib Figure, its series as a DataFrame for DVC plots or None)."""
     preset = results.preset
     coco, amos = FIGURES["coco-lm/fig3"], FIGURES["amos/fig4"]  # MNLI against pretraining hours
+    headline_runs = list(dict.fromkeys(run for key in HEADLINE for run in TABLES[key].runs()))
     history_runs = sorted(
         {r for s in F.SCL_SERIES.values() for r, _, _ in s}
         | {r for r, _ in F.COPY_CLM_RUNS}
         | {r for r, _, _ in F.CURRICULUM_SERIES}
         | {r for r, _, _ in F.MIX_SERIES}
         | {*coco.runs(), *amos.runs()}
+        | set(headline_runs)
     )
     history = metric_history(results, history_runs, HISTORY_METRICS)
     scl = [s for series in F.SCL_SERIES.values() for s in series]
@@ -154,10 +157,15 @@ def make_figures(results: Results, sources: Sources):
     # Panels that can never fill with this data (GLUE AVG without QQP offline) are left out, not drawn empty.
     glue = [] if sources.glue_avg_unavailable() else [F.GLUE_COLUMN]
     crop_columns, sweep_columns = [F.MNLI_M, F.MNLI_MM, *glue], [*glue, SQUAD2[1]]
-    headline_runs = list(dict.fromkeys(run for key in HEADLINE for run in TABLES[key].runs()))
     headline = F.headline_points(results.cells, headline_runs, GLUE_AVG_PARTS)
+    pretrained = [run for run in headline_runs if run != CONTROL_RUN]
+    learning = F.learning_points(history, pretrained)
     return {
         "headline": (F.headline_figure(headline, headline_runs, CONTROL_RUN, preset), headline),
+        "learning_curves": (
+            F.learning_curves_figure(learning, pretrained, GuardConfig().min_base_rate_gain, preset),
+            learning,
+        ),
         "coco-lm/fig1-5": (F.cosine_figure(cos, preset), None),
         "coco-lm/fig3": (
             F.efficiency_figure(

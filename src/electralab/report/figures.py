@@ -120,6 +120,68 @@ def headline_figure(points: pd.DataFrame, runs: Sequence[str], control: str, pre
     return _finish(fig)
 
 
+# --- the headline rows' learning curves: the detector's dead phase, by step and by hour -------------------
+
+# The binary detector's held-out gain over its base rate (train/diagnostics.py): ELECTRA's, AMOS's and TEAMS's
+# RTD, COCO-LM's copy head. A run logs one of them; an MLM run none.
+DETECTOR_GAINS = ("heldout_rtd_base_rate_gain", "heldout_copy_base_rate_gain")
+TOKEN_COSINE = "heldout_token_cosine"  # the final layer's mean cosine between tokens (1.0: one vector)
+LEARNING_COLUMNS = ("run", "step", "hours", "detector_gain", "token_cosine")
+
+
+def learning_points(history: pd.DataFrame, runs: Sequence[str], hours: str = "wall_hours") -> pd.DataFrame:
+    """One line per held-out check of each run: its step, the pretraining hours at it (the run's logged `hours`
+    interpolated at the step; NaN where none was logged), the detector's gain (NaN for a run without a
+    detector) and the final layer's token cosine."""
+    lines = []
+    for run in runs:
+        mine = history[history["run"] == run]
+        by_metric = {m: g.set_index("step")["value"] for m, g in mine.groupby("metric")}
+        gain = next((by_metric[m] for m in DETECTOR_GAINS if m in by_metric), pd.Series(dtype=float))
+        cosine = by_metric.get(TOKEN_COSINE, pd.Series(dtype=float))
+        clock = by_metric.get(hours)
+        for step in sorted(set(gain.index) | set(cosine.index)):
+            at = np.interp(step, clock.index, clock.values) if clock is not None and len(clock) else np.nan
+            lines.append(
+                {
+                    "run": run,
+                    "step": int(step),
+                    "hours": float(at),
+                    "detector_gain": float(gain.get(step, np.nan)),
+                    "token_cosine": float(cosine.get(step, np.nan)),
+                }
+            )
+    return pd.DataFrame(lines, columns=list(LEARNING_COLUMNS))
+
+
+def learning_curves_figure(points: pd.DataFrame, runs: Sequence[str], threshold: float, preset: str) -> Figure:
+    """Three panels: the detector's held-out gain over its base rate by step and by pretraining hour (equal
+    tokens and equal time: where each method's dead phase ends, and what it costs), with the collapse guard's
+    `threshold`; and the final layer's token cosine by step (MLM included)."""
+    fig, axes = _figure(3, f"The headline rows' pretraining, held out ({preset} preset)")
+    panels = (
+        (axes[0], "step", "detector_gain", "pretraining step", "detector's gain over its base rate"),
+        (axes[1], "hours", "detector_gain", "pretraining hours (wall clock)", "detector's gain over its base rate"),
+        (axes[2], "step", "token_cosine", "pretraining step", "final layer's token cosine"),
+    )
+    for ax, x, y, xlabel, ylabel in panels:
+        drawn = False
+        for k, run in enumerate(runs):
+            line = points[points["run"] == run].dropna(subset=[x, y])
+            if not line.empty:
+                ax.plot(line[x], line[y], marker=".", color=f"C{k}", label=run)
+                drawn = True
+        if not drawn:
+            _no_data(ax, f"held-out checks ({y}, {x}) of {', '.join(runs)}")
+            continue
+        if y == "detector_gain":
+            ax.axhline(threshold, color="0.4", linestyle="--", linewidth=1, label=f"the guard's {threshold:g}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    return _finish(fig)
+
+
 # --- metrics over pretraining steps ------------------------------------------------------------------
 
 

@@ -94,7 +94,10 @@ def results_page(folder: Path, tables: list[str]) -> str:
         table = folder / "tables" / f"{stem(key)}.md"
         if table.exists():
             parts.append(table.read_text(encoding="utf-8").strip().replace("### ", "## ", 1))
-    figures = sorted((folder / "figures").glob("*.png"), key=lambda f: (f.stem != "headline", f.stem))
+    first = ("headline", "learning_curves")  # ours, then the papers' in name order
+    figures = sorted(
+        (folder / "figures").glob("*.png"), key=lambda f: (first.index(f.stem) if f.stem in first else 2, f.stem)
+    )
     if figures:
         parts.append(
             "## Figures\n\n" + "\n\n".join(f"![{f.stem}](../{f.relative_to(folder.parent.parent)})" for f in figures)
