@@ -122,7 +122,7 @@ def test_plan_adds_the_extras_of_the_runs_tables(tmp_path):
     cocolm = plan(resolve_run(PARAMS, "cocolm"), TINY, root)  # coco-lm/fig3: MNLI on its checkpoints
     keys, n = [g.key for g in cocolm.groups], len(TINY.tasks)
     assert keys[:n] == list(TINY.tasks)
-    assert keys[n:] == ["mnli@ckpt025", "mnli@ckpt050"]
+    assert keys[n:] == ["mnli@ckpt025", "stsb@ckpt025", "mnli@ckpt050", "stsb@ckpt050"]  # + STS-B: equal compute
     ablation = plan(resolve_run(PARAMS, "cocolm_ablation"), TINY, root)  # coco-lm/fig7: MNLI on fractions of its labels
     assert [g.key for g in ablation.groups][n:] == ["mnli@labels0.01", "mnli@labels0.1", "mnli@labels0.2"]
     assert cocolm.hours == {
@@ -131,10 +131,10 @@ def test_plan_adds_the_extras_of_the_runs_tables(tmp_path):
         "050": {"wall_hours": 0.5, "device_hours": 1.0},
     }
     assert set(cocolm.encoders) == {FINAL, "025", "050"}  # 100% is the final encoder
-    assert [g.key for g in plan(resolve_run(PARAMS, "amos"), TINY, root).groups][n:] == ["mnli@ckpt025", "mnli@ckpt050"]
+    assert [g.key for g in plan(resolve_run(PARAMS, "amos"), TINY, root).groups][n:] == keys[n:]
     assert len(plan(resolve_run(PARAMS, "teams"), TINY, root).groups) == n
     bare = plan(resolve_run(PARAMS, "mlm"), TINY, model_dir(tmp_path / "bare", fractions=()))
-    assert list(bare.missing) == ["mnli@checkpoints"] and len(bare.groups) == n
+    assert list(bare.missing) == ["mnli@checkpoints", "stsb@checkpoints"] and len(bare.groups) == n
     assert "no pretraining fraction checkpoints" in bare.missing["mnli@checkpoints"]
 
 

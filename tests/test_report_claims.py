@@ -216,3 +216,41 @@ def test_a_tables_cell_of_a_row_on_several_pretraining_runs_pools_every_seed():
     broken = (cells["run"] == "electra_seed3") & (cells["task"] == "stsb")
     cells.loc[broken, "failed"] = True
     assert cell_lookup(cells)[("electra", "stsb", "spearman")]["failed"]
+
+
+def test_at_equal_compute_the_faster_rows_end_meets_the_slower_rows_last_checkpoint_within_its_hours():
+    """COCO-LM beats ELECTRA and MLM at equal tokens but took 3 device-hours to their 1 and 0.8; its checkpoint at 25%
+    (0.75 h; 50% is 1.5 h), fine-tuned on STS-B and MRPC, is 15 below ELECTRA's end: reversed at equal compute."""
+    import dataclasses
+
+    from electralab.report.render import claims_markdown
+
+    spec = TABLES["coco-lm/table1"]
+    res = results({"cocolm": 70.0, "electra": 65.0, "mlm": 60.0, "control": 40.0})
+    early = results({"cocolm": 50.0}).cells
+    early = early[early["task"].isin(["stsb", "mrpc"])]
+    cells = pd.concat([res.cells, early.assign(checkpoint="025"), early.assign(checkpoint="050")], ignore_index=True)
+    runs = ["cocolm", "electra", "mlm", "control"]
+    pretrain = pd.DataFrame({"run": runs, "method": runs, "run_id": runs, "steps": [8000] * 4})
+    res = dataclasses.replace(res, cells=cells, pretrain=pretrain)
+    total = {"cocolm": 3.0, "electra": 1.0, "mlm": 0.8, "control": 0.01}
+    history = pd.DataFrame(
+        [(run, "device_hours", step, h * step / 8000) for run, h in total.items() for step in range(0, 8001, 100)],
+        columns=["run", "metric", "step", "value"],
+    )
+    claims = by_claim(check_claims(spec, res, history))
+    assert claims["cocolm>electra"]["verdict"] == HOLDS  # at equal tokens
+    line = claims["cocolm>electra"]
+    assert (line["hours"], line["than_hours"]) == (pytest.approx(3.0), pytest.approx(1.0))
+    assert line["equal_ours"] == pytest.approx(50.0 - 65.0) and line["equal_verdict"] == REVERSED
+    assert line["equal_compute"] == "cocolm at 25%: 0.75 of electra's 1.00 device-hours; MRPC, STS-B"
+    assert claims["cocolm>mlm"]["equal_verdict"] == REVERSED  # 0.75 h within MLM's 0.8
+    none = claims["electra>mlm"]  # the slower row has no fine-tuned checkpoint
+    assert math.isnan(none["equal_ours"]) and none["equal_verdict"] == NO_VERDICT
+    assert none["equal_compute"] == "electra has no fine-tuned checkpoint within mlm's 0.80 device-hours"
+    control = claims["cocolm>control"]  # no pretraining compute to equal
+    assert control["equal_compute"] == "" and math.isnan(control["equal_ours"])
+    text = claims_markdown(check_claims(spec, res, history))
+    assert "| At equal compute |" in text and "reversed, -15.00 (p 0.000; cocolm at 25%" in text
+    without = check_claims(spec, res)  # no device-hours: the columns stay empty and the table as before
+    assert without["equal_ours"].isna().all() and "At equal compute" not in claims_markdown(without)

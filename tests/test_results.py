@@ -69,7 +69,8 @@ def test_the_headline_shows_each_claim_once_with_its_verdict_seeds_and_provenanc
     assert [line.split(" | ")[0].removeprefix("| ") for line in lines] == list(wanted["claim"])
     for line, (_, claim) in zip(lines, wanted.iterrows()):
         tasks = f"{claim['tasks']} ({claim['seeds']} seeds)" if isinstance(claim["tasks"], str) else "—"
-        assert line.endswith(f"| {claim['verdict']} | {tasks} |"), line
+        assert f"| {claim['verdict']} | {tasks} | " in line, line  # then the claim at equal compute
+    assert "| At equal compute |" in text and "at 25% has no per-seed scores on the claim's tasks" in text
     assert text.startswith("The tiny preset's report, built ") and "commits 0123456789abcdef; Test CPU; bf16" in text
     assert f"taken {taken['taken_utc']} UTC at {taken['commit']} (`make results`)" in text
     assert "![The headline rows' scores, seed by seed](results/tiny/figures/headline.png)" in text  # the picture

@@ -306,7 +306,8 @@ def build_report(
     sources = sources or Sources()
     results = fetch_results(preset, tracking_uri, state)
     tables = build_tables(results)
-    claims = {key: check_claims(table.spec, results) for key, table in tables.items()}
+    compute = metric_history(results, sorted({r for t in tables.values() for r in t.spec.runs()}), ["device_hours"])
+    claims = {key: check_claims(table.spec, results, compute) for key, table in tables.items()}
     reasons = missing_reasons(results)
     for key, table in tables.items():  # the `why` of every empty cell, and each row's claim verdict
         explain(table, results, reasons, dict(sources.unavailable))

@@ -271,6 +271,14 @@ def fetch_results(preset: str, tracking_uri: str | None = None, state: Workspace
     )
 
 
+def hours_at(history: pd.DataFrame, run: str, step: float, hours: str = "device_hours") -> float:
+    """`run`'s logged `hours` (metric_history) interpolated at `step`; NaN where it logged none."""
+    logged = history[(history["run"] == run) & (history["metric"] == hours)]
+    if logged.empty or not np.isfinite(step):
+        return np.nan
+    return float(np.interp(step, logged["step"], logged["value"]))
+
+
 def metric_history(results: Results, runs: list[str], metrics: list[str]) -> pd.DataFrame:
     """Logged values over steps of the pretraining runs: run, metric, step, value (absent ones left out)."""
     from mlflow import MlflowClient
@@ -467,5 +475,6 @@ __all__ = [
     "experiment_id",
     "fetch_results",
     "glue_average",
+    "hours_at",
     "metric_history",
 ]

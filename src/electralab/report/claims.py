@@ -25,6 +25,14 @@ and every pretrained row against the no-pretraining control. For each comparison
   pretraining run: its noise is not in the test, which `pretrain_seeds` = 1 says). With one pretraining run a
   side it is the plain Welch test on the per-seed scores; with five seeds a difference of about 1.6 pooled
   standard deviations is the smallest that can be significant, with three pretraining runs a side about 2.8.
+
+**At equal compute** (TEAMS Fig. 3's framing, and ELECTRA's, which compares at equal FLOPs): each comparison of two
+pretrained rows again, the faster row's finished run against the slower row's latest checkpoint, fine-tuned on the
+claim's tasks, that had used no more device-hours (the `device_hours` the loop logs: devices x wall-clock hours),
+on the tasks both have, with the same test on the fine-tuning seeds. It is each row's own run (a checkpoint is one
+run's), and the slower run's checkpoint may come well before equal hours (the fine-tuned checkpoints are at fixed
+fractions: `pretrain.checkpoint_fractions`, fine-tuned on `finetune.efficiency_tasks` for the runs of an efficiency
+figure). Hours from different machines or loads do not compare: provenance.csv has each run's machine and load.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from electralab.report.build import Results, row_of
+from electralab.report.build import FINAL, Results, hours_at, row_of
 from electralab.report.published import published_table
 from electralab.tables import GLUE_AVG, GLUE_AVG_PARTS, Column, TableSpec
 
@@ -55,6 +63,13 @@ CLAIM_COLUMNS = [
     "p_value",
     "published",
     "verdict",
+    # at equal compute (at_equal_compute): the rows' device-hours, what was compared (or why nothing), the result
+    "hours",
+    "than_hours",
+    "equal_compute",
+    "equal_ours",
+    "equal_p_value",
+    "equal_verdict",
 ]
 
 
@@ -154,7 +169,53 @@ def scores(by_column: dict[str, dict[int, float]], columns: list[str], seeds: li
     return np.array([np.mean([by_column[name][seed] for name in columns]) for seed in seeds])
 
 
-def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
+def at_equal_compute(
+    spec: TableSpec, results: Results, history: pd.DataFrame, c: Comparison, columns: list[Column]
+) -> dict:
+    """The claim's columns of at-equal-compute (module docstring) for comparison `c`; `history` holds the runs'
+    logged `device_hours` (build.metric_history). Against the control (no pretraining compute) nothing."""
+    steps = dict(zip(results.pretrain["run"], pd.to_numeric(results.pretrain["steps"], errors="coerce")))
+    cost = {run: hours_at(history, run, steps.get(run, math.nan)) for run in (c.run, c.than)}
+    out = {"hours": cost[c.run], "than_hours": cost[c.than], "equal_compute": ""}
+    out |= {"equal_ours": math.nan, "equal_p_value": math.nan, "equal_verdict": NO_VERDICT}
+    if c.than == spec.control:
+        return out
+    if not all(math.isfinite(h) for h in cost.values()):
+        return out | {
+            "equal_compute": "no device-hours logged for " + " and ".join(r for r in cost if math.isnan(cost[r]))
+        }
+    fast, slow = sorted((c.run, c.than), key=cost.get)
+    full = results.cells[results.cells["label_fraction"] == 1.0]
+    tags = sorted(set(full.loc[full["run"] == slow, "checkpoint"]) - {FINAL})
+    within = [(hours_at(history, slow, round(int(tag) / 100 * steps[slow])), tag) for tag in tags]
+    within = [(at, tag) for at, tag in within if at <= cost[fast]]
+    if not within:
+        why = f"{slow} has no fine-tuned checkpoint within {fast}'s {cost[fast]:.2f} device-hours"
+        return out | {"equal_compute": why}
+    at, tag = max(within)
+    by_run = {
+        fast: seed_scores(full[full["checkpoint"] == FINAL], fast, columns),
+        slow: seed_scores(full[full["checkpoint"] == tag], slow, columns),
+    }
+    shared = [name for name in by_run[c.run] if name in by_run[c.than]]
+    seeds = sorted(set.intersection(*[set(s[n]) for s in by_run.values() for n in shared])) if shared else []
+    if len(seeds) < 2:
+        return out | {"equal_compute": f"{slow} at {int(tag)}% has no per-seed scores on the claim's tasks"}
+    a, b = scores(by_run[c.run], shared, seeds), scores(by_run[c.than], shared, seeds)
+    ours = float(np.median(a) - np.median(b))
+    p_value, _ = nested_welch([a], [b])
+    published = published_difference(spec, spec.setting_for[results.preset], c.row, c.than_row, shared)
+    compared = f"{slow} at {int(tag)}%: {at:.2f} of {fast}'s {cost[fast]:.2f} device-hours; {', '.join(shared)}"
+    return out | {
+        "equal_compute": compared,
+        "equal_ours": ours,
+        "equal_p_value": p_value,
+        "equal_verdict": verdict(ours, p_value, published),
+    }
+
+
+def check_claims(spec: TableSpec, results: Results, history: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The table's claims (module docstring); with `history` (the runs' logged device-hours) at equal compute too."""
     setting = spec.setting_for[results.preset]
     cells = results.final_cells()
     columns = claim_columns(spec)
@@ -186,6 +247,7 @@ def check_claims(spec: TableSpec, results: Results) -> pd.DataFrame:
                 "p_value": p_value,
                 "published": math.nan if c.than == spec.control else published,
                 "verdict": verdict(ours, p_value, published),
+                **(at_equal_compute(spec, results, history, c, columns) if history is not None else {}),
             }
         )
     return pd.DataFrame(lines, columns=CLAIM_COLUMNS)
@@ -198,6 +260,7 @@ __all__ = [
     "NOISE",
     "NO_VERDICT",
     "REVERSED",
+    "at_equal_compute",
     "check_claims",
     "claim_columns",
     "comparisons",

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from electralab.report.build import FINAL, cell_lookup, cell_value, final_cells  # noqa: E402
+from electralab.report.build import FINAL, cell_lookup, cell_value, final_cells, hours_at  # noqa: E402
 from electralab.tables import FIGURES, GLUE_AVG, MNLI_M, MNLI_MM, SQUAD2, Column  # noqa: E402
 
 NO_DATA = "no data yet"
@@ -298,13 +298,12 @@ def efficiency_points(
     for run in runs:
         mnli = cells[(cells["run"] == run) & (cells["task"] == "mnli") & (cells["label_fraction"] == 1.0)]
         info = pretrain[pretrain["run"] == run]
-        h = history[(history["run"] == run) & (history["metric"] == hours)]
-        if mnli.empty or info.empty or h.empty:
+        if mnli.empty or info.empty or history[(history["run"] == run) & (history["metric"] == hours)].empty:
             continue
         steps = float(info["steps"].iloc[0])
         for checkpoint, g in mnli.groupby("checkpoint"):
             fraction = 1.0 if checkpoint == FINAL else int(checkpoint) / 100
-            at = np.interp(round(fraction * steps), h["step"], h["value"])
+            at = hours_at(history, run, round(fraction * steps), hours)
             medians = dict(zip(g["metric"], g["median"]))
             lines.append(
                 {

@@ -245,13 +245,17 @@ CLAIMS_LEGEND = (
     "score is the median of theirs and the test's unit is the run (its mean over the seeds), so the spread "
     "holds the pretraining seeds' noise too. Against the control the premise is that pretraining helps."
 )
+EQUAL_COMPUTE_LEGEND = (
+    "At equal compute: the faster row's finished run against the slower row's latest fine-tuned checkpoint that "
+    "had used no more device-hours, on the tasks both have (fine-tuning seeds as the units); the verdict as above."
+)
 
 
-def _claim_cells(line: pd.Series) -> list[str]:
+def _claim_cells(line: pd.Series, equal: bool = False) -> list[str]:
     ours = number(line["ours"], 2, sign=True)
     if not math.isnan(line["spread"]):
         ours += f" ±{number(line['spread'], 2)}"
-    return [
+    cells = [
         line["claim"],
         ours,
         number(line["published"], 2, sign=True),
@@ -259,6 +263,25 @@ def _claim_cells(line: pd.Series) -> list[str]:
         str(line["verdict"]),
         f"{line['tasks']} ({line['seeds']} seeds{pretraining(line)})" if line["tasks"] else "—",
     ]
+    return [*cells, equal_compute(line)] if equal else cells
+
+
+def equal_compute(line: pd.Series) -> str:
+    """The claim at equal compute in words: "reversed, -5.10 (cocolm at 25%: ...)", or "—" and why not."""
+    said = line["equal_compute"] if isinstance(line["equal_compute"], str) else ""
+    if not math.isfinite(line["equal_ours"]):
+        return f"— ({said})" if said else "—"
+    ours, p_value = number(line["equal_ours"], 2, sign=True), number(line["equal_p_value"], 3)
+    return f"{line['equal_verdict']}, {ours} (p {p_value}; {said})"
+
+
+def claims_head(claims: pd.DataFrame) -> tuple[bool, list[str], str]:
+    """(whether the claims show equal compute, the head, the legend). A claims.csv made without the runs'
+    device-hours (an older report) has no such column, or nothing in it."""
+    equal = "equal_compute" in claims and bool(claims["equal_compute"].fillna("").astype(str).str.len().any())
+    if equal:
+        return True, [*CLAIM_HEAD, "At equal compute"], f"{CLAIMS_LEGEND} {EQUAL_COMPUTE_LEGEND}"
+    return False, CLAIM_HEAD, CLAIMS_LEGEND
 
 
 def pretraining(line: pd.Series) -> str:
@@ -274,9 +297,11 @@ CLAIM_HEAD = ["Claim", "Ours", "Paper", "p", "Verdict", "Tasks"]
 def claims_markdown(claims: pd.DataFrame) -> str:
     if claims.empty:
         return ""
-    out = [CLAIMS_LEGEND, "", "| " + " | ".join(CLAIM_HEAD) + " |", "|" + "---|" * len(CLAIM_HEAD)]
+    equal, head, legend = claims_head(claims)
+    out = [legend, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += [
-        "| " + " | ".join(c.replace("|", "\\|") for c in _claim_cells(line)) + " |" for _, line in claims.iterrows()
+        "| " + " | ".join(c.replace("|", "\\|") for c in _claim_cells(line, equal)) + " |"
+        for _, line in claims.iterrows()
     ]
     return "\n".join(out) + "\n"
 
@@ -286,18 +311,20 @@ def claims_html(claims: pd.DataFrame) -> str:
         return ""
     e = html.escape
     css = {"holds": "pos", "reversed": "neg"}
+    equal, head, legend = claims_head(claims)
     out = [
-        f'<p class="note">{e(CLAIMS_LEGEND)}</p>',
-        "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in CLAIM_HEAD) + "</tr>",
+        f'<p class="note">{e(legend)}</p>',
+        "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>",
     ]
     for _, line in claims.iterrows():
-        cells = _claim_cells(line)
+        cells = _claim_cells(line, equal)
         verdict = f'<td class="{css.get(line["verdict"], "")}">{e(cells[4])}</td>'
         out.append(
             f'<tr><td class="name">{e(cells[0])}</td>'
             + "".join(f"<td>{e(c)}</td>" for c in cells[1:4])
             + verdict
-            + f'<td class="name">{e(cells[5])}</td></tr>'
+            + "".join(f'<td class="name">{e(c)}</td>' for c in cells[5:])
+            + "</tr>"
         )
     out.append("</table>")
     return "\n".join(out)
