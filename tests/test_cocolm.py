@@ -301,6 +301,38 @@ def test_forward_loss_equals_independent_reconstruction(row):
     assert torch.equal(main_calls[0]["args"][1], batch.attention_mask)
 
 
+@pytest.mark.parametrize("lm_form", ["printed", "release"])
+def test_mask_token_positions_take_l_lm_where_the_auxiliary_saw_mask_only(lm_form):
+    """lm_positions='mask_token' (the released criterion): L_LM over the selected positions whose auxiliary input
+    was [MASK]; a third of them here hold their own or a random token instead (RoBERTa's 10/10), which the
+    default ('selected') counts and this does not."""
+    batch = make_batch(batch_size=4, length=24, pad_last=6, mask_prob=0.3, seed=1)
+    g = torch.Generator().manual_seed(2)
+    other = batch.mlm_mask & (torch.rand(batch.mlm_mask.shape, generator=g) < 1 / 3)
+    other[:, 1] = False  # every row keeps a [MASK]
+    batch.masked_ids[other] = torch.where(
+        torch.rand(batch.input_ids.shape, generator=g) < 0.5, batch.input_ids, torch.randint(5, VOCAB, (1,))
+    )[other]
+    shown = batch.mlm_mask & (batch.masked_ids == MASK_ID)
+    assert 0 < other.sum() and torch.equal(shown, batch.mlm_mask & ~other)
+    losses = {}
+    for positions in ("selected", "mask_token"):
+        model = build(seed=3, lm_form=lm_form, lm_positions=positions)
+        keep_some_originals(model, batch)
+        with recording(model.main) as main_calls:
+            out = model(batch)
+        x_mlm, hidden = main_calls[0]["args"][0], main_calls[0]["out"]
+        y, pc = (x_mlm == batch.input_ids).double(), copy_prob(model, hidden)
+        pv = clm_vocab_prob(model, hidden).gather(2, batch.input_ids[..., None]).squeeze(-1)
+        per_token = (1 - pc) * -pv.log() if lm_form == "release" else -(y * pc + (1 - pc) * pv).log()
+        where = shown if positions == "mask_token" else batch.mlm_mask
+        assert float(out.metrics["lm_loss"]) == pytest.approx(float(per_token[where].mean()), rel=1e-5)
+        losses[positions] = float(out.metrics["lm_loss"])
+    assert abs(losses["selected"] - losses["mask_token"]) > 1e-3
+    with pytest.raises(ConfigError, match=r"lm_positions='mask_token'.*lm='masked'"):
+        method_settings("cocolm", {"lm_positions": "mask_token", "lm": "all_tokens"})
+
+
 def test_copy_loss_covers_real_tokens_and_lm_loss_the_masked_positions():
     """The reconstruction above would also pass by luck if the alternatives gave the same numbers:
     show that including [PAD] in L_copy, or all tokens / only replaced ones in L_LM, would not."""

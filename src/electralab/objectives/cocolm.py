@@ -9,7 +9,8 @@ sampling its replacements in inference mode (no dropout; App. D). The main Trans
     L_copy = BCE of p_copy against 1(x_i^MLM = x_i^orig) on all tokens          (Eq. 2)
     L_LM   = -sum_{i in M} log p_LM(x_i^orig | h_i), with p_copy under stop-gradient
              (lm_form "release": sum_{i in M} p_copy^sg(0|h_i) CE(softmax(x^T h_i), x_i^orig), the released
-             criterion's form: the vocabulary's loss weighted by the copy head's belief in a replacement)
+             criterion's form: the vocabulary's loss weighted by the copy head's belief in a replacement;
+             lm_positions "mask_token": M's positions the auxiliary saw as [MASK] only, as the criterion does)
     L_CLM  = lambda_copy * L_copy + L_LM,  lambda_copy = 50                     (App. B)
   Sequence contrastive learning (Sec. 3.3):
     positives (X^MLM_k, X^crop_k) where X^crop is a random contiguous 90% span of X^orig;
@@ -31,7 +32,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from electralab import CLS_ID, PAD_ID
+from electralab import CLS_ID, MASK_ID, PAD_ID
 from electralab.batch import Batch
 from electralab.config import EncoderConfig, GeneratorSizes, MaskingConfig, bounded
 from electralab.errors import ConfigError
@@ -65,6 +66,10 @@ class Settings:
     # L_LM's form: "printed" = Sec. 3.3, -log(1(x = x^MLM) p_copy(1) + p_copy(0) p_LM(x)); "release" = the
     # released criterion's p_copy(0) x CE(p_LM, x) (docs/methods.md, "Where paper and release differ").
     lm_form: Literal["printed", "release"] = "printed"
+    # Which of M's positions L_LM covers (lm="masked"): "selected" = every selected position, whatever the
+    # auxiliary saw there (App. D's RoBERTa masking, 80/10/10); "mask_token" = only those it saw as [MASK], as the
+    # released criterion does. (Its [CLS] is never masked: masking.mask_special_tokens=false.)
+    lm_positions: Literal["selected", "mask_token"] = "selected"
     copy_head: Literal["linear", "mlp"] = "linear"  # sigmoid(w_copy^T h) (Sec. 3.3), linear in the release too
     scl: bool = True  # sequence contrastive learning
     scl_weight: float = bounded(1.0, lo=0.0)  # L_SCL's weight in Eq. 4 (1: the paper's sum)
@@ -91,6 +96,11 @@ class Settings:
             raise ConfigError(
                 f"{where}: lm='none', copy_loss=false and scl=false (or scl_weight=0) leave the main model "
                 f"without a training signal"
+            )
+        if self.lm_positions == "mask_token" and self.lm != "masked":
+            raise ConfigError(
+                f"{where}.lm_positions='mask_token' picks L_LM's positions among the masked ones: it needs "
+                f"lm='masked' (lm={self.lm!r})"
             )
         if self.lm_form == "release" and not self.copy_mechanism:
             raise ConfigError(
@@ -276,11 +286,12 @@ class CocoLM(Objective):
                 c = c.detach()
             lm_logits = self.clm_head(where.take(hidden))  # (N, V)
             originals = where.take(batch.input_ids)
+            within = where.take(batch.masked_ids == MASK_ID) if s.lm_positions == "mask_token" else None
             if s.lm_form == "release" and c is not None:
                 ce = F.cross_entropy(lm_logits.float(), originals, reduction="none")
-                lm_loss = where.mean(torch.sigmoid(-c.float()) * ce, empty=0)  # p_copy(0 | h) = sigmoid(-logit)
+                lm_loss = where.mean(torch.sigmoid(-c.float()) * ce, within, empty=0)  # p_copy(0|h) = sigmoid(-logit)
             else:
-                lm_loss = -where.mean(lm_log_prob(lm_logits, c, where.take(x_mlm), originals), empty=0)
+                lm_loss = -where.mean(lm_log_prob(lm_logits, c, where.take(x_mlm), originals), within, empty=0)
             loss = loss + lm_loss
             metrics["lm_loss"] = lm_loss.detach()
             metrics.update(self._clm_accuracy(hidden, copy_logit, x_mlm, batch, is_original, masked))
