@@ -106,6 +106,21 @@ def test_plan_puts_producers_first_and_every_target_is_a_stage_of_dvc_yaml():
     assert set(targets(every.runs)) <= names, set(targets(every.runs)) - names
 
 
+def test_the_first_look_is_the_headlines_control_and_a_row_whose_claim_against_it_the_report_checks():
+    import re
+
+    from electralab.report.claims import comparisons
+    from electralab.tables import HEADLINE, TABLES
+
+    first_look = re.search(r"^FIRST_LOOK := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    plan = make_plan(ROOT, runs=first_look)
+    assert plan.runs == ("control", "electra")  # cheapest first; nothing else trains
+    assert set(plan.runs) <= set(make_plan(ROOT, tables=list(HEADLINE)).runs)  # make repro goes on from them
+    spec = TABLES[HEADLINE[0]]
+    pairs = {(c.run, c.than) for c in comparisons(spec, spec.setting_for["tiny"])}
+    assert ("electra", "control") in pairs
+
+
 def test_the_time_left_uses_a_probe_until_a_pretraining_has_run_then_what_ran(
     shards_dir, tmp_path, monkeypatch, caplog
 ):
