@@ -339,6 +339,47 @@ def table(args) -> None:
         )
 
 
+def curves(args) -> None:
+    """The points' detector gain over its base rate against the tokens seen, a panel per method: the preset as it
+    is (`base`) in black, each other candidate a line, the guard's 0.02 dashed. Written to --to (a PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from electralab.config import load_params
+
+    preset = load_params(ROOT / "params.yaml").active
+    points = [p for p in load_points(args.out) if detector_gains(p["trace"])]
+    if not points:
+        sys.exit(f"error: {args.out / 'points'}: no point with a detector's trace to draw")
+    methods = sorted({p["method"] for p in points}, key=lambda m: (m != "electra", m))
+    fig, axes = plt.subplots(1, len(methods), figsize=(6.5 * len(methods), 4.2), squeeze=False)
+    for ax, method in zip(axes[0], methods):
+        mine = sorted((p for p in points if p["method"] == method), key=lambda p: (p["candidate"], p["seed"]))
+        for k, p in enumerate(mine):
+            steps, gains = zip(*detector_gains(p["trace"]))
+            tokens = [s * tokens_per_step(p, preset) / 1e6 for s in steps]
+            base = p["candidate"] == "base"
+            ax.plot(
+                tokens,
+                gains,
+                color="black" if base else plt.cm.tab20(k % 20),
+                linewidth=2.0 if base else 1.0,
+                alpha=1.0 if base else 0.8,
+                label=f"{p['candidate']} s{p['seed']} ({p['precision']})",
+            )
+        ax.axhline(LEFT, color="0.4", linestyle="--", linewidth=1, label=f"the guard's {LEFT}")
+        ax.set_title(f"{method}: the detector's dead phase", fontsize=10)
+        ax.set_xlabel("tokens seen (millions)")
+        ax.set_ylabel("held-out gain over the base rate")
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    args.to.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.to, dpi=110)
+    print(f"{len(points)} points -> {args.to}")
+
+
 def finetuned(point: dict) -> str:
     """The signal of a fine-tuned point (bench/signal_sweep.py's: the mean of the tasks' medians), or '-'."""
     if "finetune" not in point:
@@ -414,6 +455,8 @@ def main() -> None:
     pt.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     pt.add_argument("--commit")
     sub.add_parser("table", help="the table of the points done")
+    cv = sub.add_parser("curves", help="the points' detector gain against the tokens seen, as a PNG")
+    cv.add_argument("--to", type=Path, required=True)
     pk = sub.add_parser("pack", help="the points and the best encoders into --to (what a GPU machine returns)")
     pk.add_argument("--to", type=Path, required=True)
     pk.add_argument("--best", type=int, default=6)
@@ -422,7 +465,8 @@ def main() -> None:
     f.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     f.add_argument("--encoder", type=Path, help="the encoder's directory, where it is not the point's own")
     args = ap.parse_args()
-    {"run": run, "point": run_point, "table": table, "finetune": finetune, "pack": pack}[args.command](args)
+    commands = {"run": run, "point": run_point, "table": table, "curves": curves, "finetune": finetune, "pack": pack}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":

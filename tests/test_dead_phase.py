@@ -83,6 +83,40 @@ def sweep(*args, out: Path, env: dict | None = None) -> subprocess.CompletedProc
     )
 
 
+def test_the_curves_draw_each_points_detector_gain_against_the_tokens_a_panel_per_method(tmp_path):
+    import argparse
+
+    import matplotlib.pyplot as plt
+
+    points = {
+        "electra-base-s1": ("electra", "base", [], gains(0.0, 0.01, 0.05)),
+        "electra-batch_64-s1": ("electra", "batch_64", ["pretrain.batch_size=64"], gains(0.0, 0.03, 0.1)),
+        "cocolm-base-s1": ("cocolm", "base", [], gains(0.0, 0.02, 0.04, key="copy_base_rate_gain")),
+    }
+    (tmp_path / "points").mkdir()
+    for name, (method, candidate, sets, trace) in points.items():
+        record = {
+            "method": method,
+            "candidate": candidate,
+            "seed": 1,
+            "sets": sets,
+            "trace": trace,
+            "precision": "bf16",
+        }
+        (tmp_path / "points" / f"{name}.json").write_text(json.dumps(record))
+    dead_phase.curves(argparse.Namespace(out=tmp_path, to=tmp_path / "figure" / "curves.png"))
+    assert (tmp_path / "figure" / "curves.png").read_bytes().startswith(b"\x89PNG")
+    electra, cocolm = plt.gcf().axes
+    drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in electra.get_lines()}
+    tokens = 32 * 128 / 1e6  # the tiny preset's batch x sequence, in millions, a step
+    assert drawn["base s1 (bf16)"] == ([250 * tokens, 500 * tokens], [0.01, 0.05])  # step 0 is not drawn
+    assert drawn["batch_64 s1 (bf16)"][0] == [250 * 2 * tokens, 500 * 2 * tokens]  # its own batch
+    assert [line.get_label() for line in cocolm.get_lines()] == ["base s1 (bf16)", "the guard's 0.02"]
+    plt.close("all")
+    with pytest.raises(SystemExit, match="no point with a detector's trace"):
+        dead_phase.curves(argparse.Namespace(out=tmp_path / "none", to=tmp_path / "x.png"))
+
+
 def test_unknown_candidates_and_points_are_named_before_anything_runs(tmp_path):
     bad = sweep("run", "--candidates", "pre_ln", "nope", out=tmp_path)
     assert bad.returncode != 0 and "nope" in bad.stderr and not (tmp_path / "points").exists()
