@@ -405,7 +405,7 @@ class TrialResources:
     local_cpus: int | None = bounded(None, lo=1)  # CPUs of a local Ray; None: those this process may use
     # Grid trials one Tune trial trains together as one batched model (finetune/batched.py): up to this many of
     # one task that share a batch size and epochs. 1: each alone (finetune/trial.py). More fills a GPU with small
-    # trials; on a CPU one at a time is faster (docs/finetuning.md, "Trials together").
+    # trials; on a CPU one at a time is faster (docs/finetuning.md, "Trials trained together (for GPUs)").
     trials_together: int = bounded(1, lo=1)
 
 
