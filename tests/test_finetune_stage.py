@@ -51,6 +51,7 @@ FINETUNE = {
     "max_eval_examples": 16,
     "eval_batch_size": 32,
     "squad": {"doc_stride": 32, "max_query_len": 16, "max_train_questions": 8, "max_eval_questions": 8},
+    "efficiency_tasks": ["mnli"],  # MNLI on the checkpoints, as the papers' figures (tiny adds STS-B)
     "few_shot_fractions": [0.1],
     "resources": {"cpus": 1, "gpus": 0, "local_cpus": 2},
     "max_failures": 1,
