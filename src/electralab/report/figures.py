@@ -139,14 +139,12 @@ def learning_points(history: pd.DataFrame, runs: Sequence[str], hours: str = "wa
         by_metric = {m: g.set_index("step")["value"] for m, g in mine.groupby("metric")}
         gain = next((by_metric[m] for m in DETECTOR_GAINS if m in by_metric), pd.Series(dtype=float))
         cosine = by_metric.get(TOKEN_COSINE, pd.Series(dtype=float))
-        clock = by_metric.get(hours)
         for step in sorted(set(gain.index) | set(cosine.index)):
-            at = np.interp(step, clock.index, clock.values) if clock is not None and len(clock) else np.nan
             lines.append(
                 {
                     "run": run,
                     "step": int(step),
-                    "hours": float(at),
+                    "hours": hours_at(history, run, step, hours),
                     "detector_gain": float(gain.get(step, np.nan)),
                     "token_cosine": float(cosine.get(step, np.nan)),
                 }
