@@ -79,7 +79,7 @@ CANDIDATES = {
     # Short sequences first (Shortformer's staged training): rows of L tokens for the first share of the steps.
     **{
         f"short_{length}_{share}pct": (lambda length, share: lambda steps: short(length, share))(length, share)
-        for length, share in ((16, 25), (32, 25), (32, 50), (64, 25), (64, 50))
+        for length, share in ((16, 5), (16, 10), (16, 25), (32, 25), (32, 50), (64, 25), (64, 50))
     },
     # Half the budget (its own schedule over half the steps), as it is and with the best short start.
     "half": lambda steps: [f"steps={steps // 2}"],
