@@ -254,3 +254,34 @@ def test_at_equal_compute_the_faster_rows_end_meets_the_slower_rows_last_checkpo
     assert "| At equal compute |" in text and "reversed, -15.00 (p 0.000; cocolm at 25%" in text
     without = check_claims(spec, res)  # no device-hours: the columns stay empty and the table as before
     assert without["equal_ours"].isna().all() and "At equal compute" not in claims_markdown(without)
+
+
+def test_a_claim_carried_by_one_task_is_tested_again_without_it():
+    """ELECTRA 61 points above the control on STS-B and 1 below on the six other tasks: +7.9 on the mean holds, and
+    without STS-B the claim is reversed; COCO-LM's deficit against ELECTRA is STS-B's too (its most negative task)."""
+    from electralab.report.render import claims_markdown
+
+    spec = TABLES["coco-lm/table1"]
+    res = results({"electra": 49.0, "cocolm": 49.0, "mlm": 50.0, "control": 50.0})
+    cells = res.cells.copy()
+    for run, level in (("electra", 110.0), ("cocolm", 80.0)):
+        at = cells.index[(cells["run"] == run) & (cells["task"] == "stsb")][0]
+        cells.at[at, "seeds"] = {s: level + NOISE_OF_SEED[s] for s in SEEDS}
+    claims = by_claim(check_claims(spec, Results("tiny", "sqlite://", "0", cells, res.pretrain)))
+    line = claims["electra>control"]
+    assert line["ours"] == pytest.approx(60 / 7 - 6 / 7) and line["verdict"] == HOLDS
+    assert (line["largest_task"], line["largest_task_ours"]) == ("STS-B", pytest.approx(60.0))
+    assert line["without_ours"] == pytest.approx(-1.0) and line["without_verdict"] == REVERSED
+    assert line["without_p_value"] < 0.01
+    reversal = claims["cocolm>electra"]  # -30 on STS-B, 0 elsewhere: the task is the one pulling most negative
+    assert reversal["verdict"] == REVERSED and reversal["largest_task"] == "STS-B"
+    assert reversal["without_ours"] == pytest.approx(0.0) and reversal["without_verdict"] == NOISE
+    tie = claims["mlm>control"]  # no difference: no direction, nothing to leave out
+    assert tie["largest_task"] == "" and tie["without_verdict"] == NO_VERDICT
+    text = claims_markdown(check_claims(spec, Results("tiny", "sqlite://", "0", cells, res.pretrain)))
+    assert "| Without its largest task |" in text and "reversed, -1.00 (p 0.001; STS-B +60.00 left out)" in text
+    # A claim on one task (AMOS Table 2's MNLI-m) has nothing to leave out.
+    one = check_claims(TABLES["amos/table2"], results({"amos": 60.0, "control": 40.0}))
+    assert (one["largest_task"] == "").all() and (one["without_verdict"] == NO_VERDICT).all()
+    older = check_claims(spec, res).drop(columns=["largest_task", "without_ours"])  # a claims.csv of before
+    assert "Without its largest task" not in claims_markdown(older)

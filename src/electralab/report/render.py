@@ -251,7 +251,13 @@ EQUAL_COMPUTE_LEGEND = (
 )
 
 
-def _claim_cells(line: pd.Series, equal: bool = False) -> list[str]:
+WITHOUT_LARGEST_LEGEND = (
+    "Without its largest task: the claim tested again without the task whose own difference supports its sign most "
+    "(that task and its difference in brackets); a claim that holds only with it is that one task's."
+)
+
+
+def _claim_cells(line: pd.Series, extras: list) -> list[str]:
     ours = number(line["ours"], 2, sign=True)
     if not math.isnan(line["spread"]):
         ours += f" ±{number(line['spread'], 2)}"
@@ -263,7 +269,16 @@ def _claim_cells(line: pd.Series, equal: bool = False) -> list[str]:
         str(line["verdict"]),
         f"{line['tasks']} ({line['seeds']} seeds{pretraining(line)})" if line["tasks"] else "—",
     ]
-    return [*cells, equal_compute(line)] if equal else cells
+    return [*cells, *(extra(line) for extra in extras)]
+
+
+def without_largest(line: pd.Series) -> str:
+    """The claim without its largest task in words: "within noise, -1.09 (p 0.120; STS-B +60.33 left out)", or "—"."""
+    if not math.isfinite(line["without_ours"]):
+        return "—"
+    ours, p_value = number(line["without_ours"], 2, sign=True), number(line["without_p_value"], 3)
+    left_out = f"{line['largest_task']} {number(line['largest_task_ours'], 2, sign=True)} left out"
+    return f"{line['without_verdict']}, {ours} (p {p_value}; {left_out})"
 
 
 def equal_compute(line: pd.Series) -> str:
@@ -275,13 +290,22 @@ def equal_compute(line: pd.Series) -> str:
     return f"{line['equal_verdict']}, {ours} (p {p_value}; {said})"
 
 
-def claims_head(claims: pd.DataFrame) -> tuple[bool, list[str], str]:
-    """(whether the claims show equal compute, the head, the legend). A claims.csv made without the runs'
-    device-hours (an older report) has no such column, or nothing in it."""
-    equal = "equal_compute" in claims and bool(claims["equal_compute"].fillna("").astype(str).str.len().any())
-    if equal:
-        return True, [*CLAIM_HEAD, "At equal compute"], f"{CLAIMS_LEGEND} {EQUAL_COMPUTE_LEGEND}"
-    return False, CLAIM_HEAD, CLAIMS_LEGEND
+def claims_head(claims: pd.DataFrame) -> tuple[list, list[str], str]:
+    """(the extra columns' renderers, the head, the legend). A claims.csv of an older report may lack a column
+    (without its largest task; at equal compute: made without the runs' device-hours) or have nothing in it."""
+    extras = [
+        (render, head, legend)
+        for column, render, head, legend in (
+            ("largest_task", without_largest, "Without its largest task", WITHOUT_LARGEST_LEGEND),
+            ("equal_compute", equal_compute, "At equal compute", EQUAL_COMPUTE_LEGEND),
+        )
+        if column in claims and bool(claims[column].fillna("").astype(str).str.len().any())
+    ]
+    return (
+        [render for render, _, _ in extras],
+        [*CLAIM_HEAD, *(head for _, head, _ in extras)],
+        " ".join([CLAIMS_LEGEND, *(legend for _, _, legend in extras)]),
+    )
 
 
 def pretraining(line: pd.Series) -> str:
@@ -297,10 +321,10 @@ CLAIM_HEAD = ["Claim", "Ours", "Paper", "p", "Verdict", "Tasks"]
 def claims_markdown(claims: pd.DataFrame) -> str:
     if claims.empty:
         return ""
-    equal, head, legend = claims_head(claims)
+    extras, head, legend = claims_head(claims)
     out = [legend, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += [
-        "| " + " | ".join(c.replace("|", "\\|") for c in _claim_cells(line, equal)) + " |"
+        "| " + " | ".join(c.replace("|", "\\|") for c in _claim_cells(line, extras)) + " |"
         for _, line in claims.iterrows()
     ]
     return "\n".join(out) + "\n"
@@ -311,13 +335,13 @@ def claims_html(claims: pd.DataFrame) -> str:
         return ""
     e = html.escape
     css = {"holds": "pos", "reversed": "neg"}
-    equal, head, legend = claims_head(claims)
+    extras, head, legend = claims_head(claims)
     out = [
         f'<p class="note">{e(legend)}</p>',
         "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>",
     ]
     for _, line in claims.iterrows():
-        cells = _claim_cells(line, equal)
+        cells = _claim_cells(line, extras)
         verdict = f'<td class="{css.get(line["verdict"], "")}">{e(cells[4])}</td>'
         out.append(
             f'<tr><td class="name">{e(cells[0])}</td>'
