@@ -285,3 +285,35 @@ def test_a_claim_carried_by_one_task_is_tested_again_without_it():
     assert (one["largest_task"] == "").all() and (one["without_verdict"] == NO_VERDICT).all()
     older = check_claims(spec, res).drop(columns=["largest_task", "without_ours"])  # a claims.csv of before
     assert "Without its largest task" not in claims_markdown(older)
+
+
+def test_the_report_says_which_claims_rest_on_one_task_which_tasks_show_nothing_and_the_pretraining_seeds():
+    from electralab.report.limits import limits
+
+    spec = TABLES["coco-lm/table1"]
+    res = results({"electra": 49.0, "cocolm": 49.0, "mlm": 50.0, "control": 50.0})
+    cells = res.cells.copy()
+    for run, level in (("electra", 110.0), ("cocolm", 80.0)):
+        at = cells.index[(cells["run"] == run) & (cells["task"] == "stsb")][0]
+        cells.at[at, "seeds"] = {s: level + NOISE_OF_SEED[s] for s in SEEDS}
+    res = Results("tiny", "sqlite://", "0", cells, res.pretrain)
+    lines = limits({spec.key: spec}, res, check_claims(spec, res))
+    assert (
+        "- **ELECTRA (Ours) > No pretraining (control)** holds on the mean of its tasks (+7.71) but is reversed "
+        "without STS-B (+60.00 there, -1.00 on the rest): coco-lm/table1."
+    ) in lines
+    carried = [line.split("**")[1] for line in lines if "on the mean of its tasks" in line]
+    assert carried == [  # ELECTRA > MLM and COCO-LM > MLM and the control the same way; COCO-LM < ELECTRA: STS-B's -30
+        "COCO-LM > RoBERTa (Ours)",
+        "COCO-LM > ELECTRA (Ours)",
+        "ELECTRA (Ours) > RoBERTa (Ours)",
+        "ELECTRA (Ours) > No pretraining (control)",
+        "COCO-LM > No pretraining (control)",
+    ]
+    # Every row but on STS-B sits at or below the control: those six tasks cannot rank anything here.
+    assert "- No trained row beats the control on **MNLI-m, QNLI, SST-2, CoLA, RTE, MRPC** (" in "\n".join(lines)
+    assert lines[-1].startswith("- 6 of 6 decided claims compare a row that stands on one pretraining run")
+    # Clear claims on every task, three pretraining runs a row: nothing to say.
+    seeded_rows = {"electra": [70.0, 69.0, 71.0], "control": [40.0, 41.0, 39.0]}
+    clear = seeded(seeded_rows)
+    assert limits({"teams/table1": TABLES["teams/table1"]}, clear, check_claims(TABLES["teams/table1"], clear)) == []

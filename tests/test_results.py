@@ -71,6 +71,8 @@ def test_the_headline_shows_each_claim_once_with_its_verdict_seeds_and_provenanc
         tasks = f"{claim['tasks']} ({claim['seeds']} seeds)" if isinstance(claim["tasks"], str) else "—"
         assert f"| {claim['verdict']} | {tasks} | " in line, line  # then the claim at equal compute
     assert "| At equal compute |" in text and "at 25% has no per-seed scores on the claim's tasks" in text
+    said = (folder / "report.md").read_text().split("## What these numbers can and cannot show\n\n")[1]
+    assert "decided claims compare a row that stands on one pretraining run" in said.split("## ")[0]
     assert text.startswith("The tiny preset's report, built ") and "commits 0123456789abcdef; Test CPU; bf16" in text
     assert f"taken {taken['taken_utc']} UTC at {taken['commit']} (`make results`)" in text
     assert "![The headline rows' scores, seed by seed](results/tiny/figures/headline.png)" in text  # the picture

@@ -6,7 +6,7 @@
 writes, atomically (a failed build leaves the previous directory untouched):
 
     reports/index.html                 every table and figure on one self-contained page
-    reports/report.md                  every table, Markdown, figures linked
+    reports/report.md                  what the numbers can and cannot show, every table (Markdown), figures linked
     reports/tables/<paper>_<table>.md  one table, Markdown
     reports/tables/<paper>_<table>.csv one line per (row, column): ours, std, min, max, published, diff
     reports/claims.csv                 every comparison a table makes: ours, spread, p, paper, verdict
@@ -48,6 +48,7 @@ from electralab.report.build import (
     metric_history,
 )
 from electralab.report.claims import HOLDS, NOISE, REVERSED, check_claims
+from electralab.report.limits import limits
 from electralab.report.render import claims_details, claims_markdown, page_html, table_html, to_csv, to_markdown
 from electralab.report.why import explain, missing_reasons
 from electralab.tables import CONTROL_RUN, FIGURES, GLUE_AVG_PARTS, HEADLINE, SQUAD2, TABLES
@@ -347,8 +348,10 @@ def build_report(
             intro.append(f"Not in any table: run {failure.run}, whose pretraining failed ({failure.error}).")
         links = "\n\n".join(f"![{key}](figures/{stem(key)}.png)" for key in figure_paths)
         origin = provenance(results, state)
+        bounds = limits({key: table.spec for key, table in tables.items()}, results, all_claims)
+        shows = "## What these numbers can and cannot show\n\n" + "\n".join(bounds) + "\n\n" if bounds else ""
         (tmp / "report.md").write_text(
-            f"# {title}\n\n" + "\n\n".join(intro) + "\n\n## Where the numbers come "
+            f"# {title}\n\n" + "\n\n".join(intro) + f"\n\n{shows}## Where the numbers come "
             "from\n\n" + "\n".join(origin) + "\n\n" + "\n".join(markdown) + f"\n## Figures\n\n{links}\n",
             encoding="utf-8",
         )
@@ -360,6 +363,7 @@ def build_report(
             *intro,
             *(line.replace("`", "").strip() for line in origin if line.strip() and not line.startswith("|")),
             f"Pretraining runs (MLflow run, DVC experiment): {runs_line or 'none'}",
+            *(line.removeprefix("- ").replace("**", "") for line in bounds),
         ]
         pngs = {key: tmp / "figures" / f"{stem(key)}.png" for key in figure_paths}
         tables_html = [table_html(t, sources.note) + claims_details(claims[k]) for k, t in tables.items()]
