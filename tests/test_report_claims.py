@@ -310,7 +310,7 @@ def test_the_report_says_which_claims_rest_on_one_task_which_tasks_show_nothing_
         "ELECTRA (Ours) > No pretraining (control)",
         "COCO-LM > No pretraining (control)",
     ]
-    # Every row but on STS-B sits at or below the control: those six tasks cannot rank anything here.
+    # Every row but on STS-B sits at or below the control: those six tasks show no gain from pretraining here.
     assert "- No trained row beats the control on **MNLI-m, QNLI, SST-2, CoLA, RTE, MRPC** (" in "\n".join(lines)
     assert lines[-1].startswith("- 6 of 6 decided claims compare a row that stands on one pretraining run")
     # Clear claims on every task, three pretraining runs a row: nothing to say.

@@ -7,7 +7,7 @@ A verdict is only as good as what stands behind it, and at a small preset three 
 - **one task carrying a claim**: a claim decided on the mean of its tasks whose verdict changes without its largest
   task (claims.py, "Without its largest task") is that task's, not the tasks';
 - **tasks that show nothing**: a task on which no trained row of a table beats the table's control (the claims' own
-  test, on that task alone) cannot rank the table's methods at this preset;
+  test, on that task alone) shows no gain from pretraining at this preset, whatever it says of the methods' order;
 - **one pretraining run**: a claim whose row stands on one pretraining run tests the fine-tuning seeds' noise only.
 """
 
@@ -72,7 +72,7 @@ def flat_tasks(specs: dict[str, TableSpec], results: Results) -> list[str]:
         if flat:
             text = (
                 f"No trained row beats the control on **{', '.join(flat)}** (the claims' test on each task alone): "
-                "these columns cannot rank the methods at this preset"
+                "pretraining shows no gain there at this preset"
             )
             said.setdefault(text, []).append(key)
     return [f"{text} ({', '.join(tables)})." for text, tables in said.items()]
