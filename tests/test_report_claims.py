@@ -256,18 +256,24 @@ def test_at_equal_compute_the_faster_rows_end_meets_the_slower_rows_last_checkpo
     assert without["equal_ours"].isna().all() and "At equal compute" not in claims_markdown(without)
 
 
+def carried_by_stsb() -> Results:
+    """ELECTRA and COCO-LM at 49 on every task but STS-B (110 and 80), MLM and the control at 50 throughout."""
+    res = results({"electra": 49.0, "cocolm": 49.0, "mlm": 50.0, "control": 50.0})
+    cells = res.cells.copy()
+    for run, level in (("electra", 110.0), ("cocolm", 80.0)):
+        at = cells.index[(cells["run"] == run) & (cells["task"] == "stsb")][0]
+        cells.at[at, "seeds"] = {s: level + NOISE_OF_SEED[s] for s in SEEDS}
+    return Results("tiny", "sqlite://", "0", cells, res.pretrain)
+
+
 def test_a_claim_carried_by_one_task_is_tested_again_without_it():
     """ELECTRA 61 points above the control on STS-B and 1 below on the six other tasks: +7.9 on the mean holds, and
     without STS-B the claim is reversed; COCO-LM's deficit against ELECTRA is STS-B's too (its most negative task)."""
     from electralab.report.render import claims_markdown
 
     spec = TABLES["coco-lm/table1"]
-    res = results({"electra": 49.0, "cocolm": 49.0, "mlm": 50.0, "control": 50.0})
-    cells = res.cells.copy()
-    for run, level in (("electra", 110.0), ("cocolm", 80.0)):
-        at = cells.index[(cells["run"] == run) & (cells["task"] == "stsb")][0]
-        cells.at[at, "seeds"] = {s: level + NOISE_OF_SEED[s] for s in SEEDS}
-    claims = by_claim(check_claims(spec, Results("tiny", "sqlite://", "0", cells, res.pretrain)))
+    res = carried_by_stsb()
+    claims = by_claim(check_claims(spec, res))
     line = claims["electra>control"]
     assert line["ours"] == pytest.approx(60 / 7 - 6 / 7) and line["verdict"] == HOLDS
     assert (line["largest_task"], line["largest_task_ours"]) == ("STS-B", pytest.approx(60.0))
@@ -278,7 +284,7 @@ def test_a_claim_carried_by_one_task_is_tested_again_without_it():
     assert reversal["without_ours"] == pytest.approx(0.0) and reversal["without_verdict"] == NOISE
     tie = claims["mlm>control"]  # no difference: no direction, nothing to leave out
     assert tie["largest_task"] == "" and tie["without_verdict"] == NO_VERDICT
-    text = claims_markdown(check_claims(spec, Results("tiny", "sqlite://", "0", cells, res.pretrain)))
+    text = claims_markdown(check_claims(spec, res))
     assert "| Without its largest task |" in text and "reversed, -1.00 (p 0.001; STS-B +60.00 left out)" in text
     # A claim on one task (AMOS Table 2's MNLI-m) has nothing to leave out.
     one = check_claims(TABLES["amos/table2"], results({"amos": 60.0, "control": 40.0}))
@@ -291,12 +297,7 @@ def test_the_report_says_which_claims_rest_on_one_task_which_tasks_show_nothing_
     from electralab.report.limits import limits
 
     spec = TABLES["coco-lm/table1"]
-    res = results({"electra": 49.0, "cocolm": 49.0, "mlm": 50.0, "control": 50.0})
-    cells = res.cells.copy()
-    for run, level in (("electra", 110.0), ("cocolm", 80.0)):
-        at = cells.index[(cells["run"] == run) & (cells["task"] == "stsb")][0]
-        cells.at[at, "seeds"] = {s: level + NOISE_OF_SEED[s] for s in SEEDS}
-    res = Results("tiny", "sqlite://", "0", cells, res.pretrain)
+    res = carried_by_stsb()
     lines = limits({spec.key: spec}, res, check_claims(spec, res))
     assert (
         "- **ELECTRA (Ours) > No pretraining (control)** holds on the mean of its tasks (+7.71) but is reversed "

@@ -176,6 +176,11 @@ def pretraining_runs(cells: pd.DataFrame, run: str) -> list[str]:
     return sorted(set(cells.loc[row_of(cells) == run, "run"]), key=lambda name: (name != run, name))
 
 
+def common_seeds(runs: list[dict[str, dict[int, float]]], names: list[str]) -> list[int]:
+    """The fine-tuning seeds that every run's seed_scores has on every column in `names` (none without either)."""
+    return sorted(set.intersection(*[set(s[n]) for s in runs for n in names])) if runs and names else []
+
+
 def scores(by_column: dict[str, dict[int, float]], columns: list[str], seeds: list[int]) -> np.ndarray:
     """A run's score at each seed (seed_scores' values): the mean over `columns`."""
     return np.array([np.mean([by_column[name][seed] for name in columns]) for seed in seeds])
@@ -210,7 +215,7 @@ def at_equal_compute(
         slow: seed_scores(full[full["checkpoint"] == tag], slow, columns),
     }
     shared = [name for name in by_run[c.run] if name in by_run[c.than]]
-    seeds = sorted(set.intersection(*[set(s[n]) for s in by_run.values() for n in shared])) if shared else []
+    seeds = common_seeds(list(by_run.values()), shared)
     if len(seeds) < 2:
         return out | {"equal_compute": f"{slow} at {int(tag)}% has no per-seed scores on the claim's tasks"}
     a, b = scores(by_run[c.run], shared, seeds), scores(by_run[c.than], shared, seeds)
@@ -273,7 +278,7 @@ def check_claims(spec: TableSpec, results: Results, history: pd.DataFrame | None
         theirs = [seed_scores(cells, run, columns) for run in pretraining_runs(cells, c.than)]
         every = [*mine, *theirs]
         shared = [name for name in (mine or [{}])[0] if theirs and all(name in s for s in every)]
-        seeds = sorted(set.intersection(*[set(s[n]) for s in every for n in shared])) if shared else []
+        seeds = common_seeds(every, shared)
         published_of = partial(published_difference, spec, setting, c.row, c.than_row)
         if c.than == spec.control:
             published_of = lambda names: 1.0  # noqa: E731 (the premise: pretraining helps)
@@ -311,6 +316,7 @@ __all__ = [
     "at_equal_compute",
     "check_claims",
     "claim_columns",
+    "common_seeds",
     "comparisons",
     "difference",
     "nested_welch",

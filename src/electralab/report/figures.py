@@ -71,7 +71,7 @@ HEADLINE_COLUMNS = ("run", "pretraining", "seed", "score", "tasks")
 def headline_points(cells: pd.DataFrame, runs: Sequence[str], columns: Sequence[Column]) -> pd.DataFrame:
     """One line per (row's run, pretraining run, fine-tuning seed): the score a claim tests (report/claims.py: the
     mean over the columns), over the columns that every pretraining run with a number has."""
-    from electralab.report.claims import pretraining_runs, scores, seed_scores
+    from electralab.report.claims import common_seeds, pretraining_runs, scores, seed_scores
 
     final = final_cells(cells)
     values = {run: {p: seed_scores(final, p, list(columns)) for p in pretraining_runs(final, run)} for run in runs}
@@ -82,7 +82,7 @@ def headline_points(cells: pd.DataFrame, runs: Sequence[str], columns: Sequence[
         for pretraining, by_column in per_run.items():
             if not shared or not by_column:
                 continue
-            seeds = sorted(set.intersection(*[set(by_column[name]) for name in shared]))
+            seeds = common_seeds([by_column], shared)
             for seed, score in zip(seeds, scores(by_column, shared, seeds)):
                 lines.append(
                     {"run": run, "pretraining": pretraining, "seed": seed, "score": float(score), "tasks": len(shared)}

@@ -21,6 +21,7 @@ from electralab.report.claims import (
     NOISE,
     REVERSED,
     claim_columns,
+    common_seeds,
     comparisons,
     difference,
     pretraining_runs,
@@ -52,22 +53,20 @@ def flat_tasks(specs: dict[str, TableSpec], results: Results) -> list[str]:
     for key, spec in specs.items():
         columns = claim_columns(spec)
         control = [seed_scores(cells, run, columns) for run in pretraining_runs(cells, spec.control)]
-        rows = [c.run for c in comparisons(spec, spec.setting_for[results.preset]) if c.than == spec.control]
-        rows = [[seed_scores(cells, run, columns) for run in pretraining_runs(cells, row)] for row in rows]
+        trained = [c.run for c in comparisons(spec, spec.setting_for[results.preset]) if c.than == spec.control]
+        rows = [[seed_scores(cells, run, columns) for run in pretraining_runs(cells, row)] for row in trained]
         rows = [row for row in rows if row]
         if not control or not rows:
             continue
+
+        def beats_control(row: list[dict], name: str) -> bool:
+            ours, p_value, _ = difference(row, control, common_seeds([*row, *control], [name]), [name])
+            return ours > 0 and p_value < ALPHA
+
         flat = []
         for column in columns:
             tested = [row for row in rows if all(column.name in s for s in [*row, *control])]
-            if not tested:
-                continue
-            beats = False
-            for row in tested:
-                seeds = sorted(set.intersection(*[set(s[column.name]) for s in [*row, *control]]))
-                ours, p_value, _ = difference(row, control, seeds, [column.name])
-                beats = beats or (ours > 0 and p_value < ALPHA)
-            if not beats:
+            if tested and not any(beats_control(row, column.name) for row in tested):
                 flat.append(column.name)
         if flat:
             text = (
@@ -79,6 +78,7 @@ def flat_tasks(specs: dict[str, TableSpec], results: Results) -> list[str]:
 
 
 def one_pretraining_run(claims) -> list[str]:
+    """A line counting the decided claims whose rows, on either side, stand on one pretraining run."""
     decided = claims[claims["verdict"].isin([HOLDS, REVERSED, NOISE])]
     single = decided[(decided["pretrain_seeds"] <= 1) | (decided["than_pretrain_seeds"] <= 1)]
     if single.empty:
