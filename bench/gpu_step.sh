@@ -1,25 +1,37 @@
 #!/bin/bash
-# The GPU check of the training step (issue 38), one config a device command (device tool, timeout 600 s):
-#   bash bench/gpu_step.sh small    # ELECTRA-Small at 128 x 128 tokens a step
-#   bash bench/gpu_step.sh base     # BERT-base at 32 x 512
-# Ours and transformers' ELECTRA, eager and torch.compile'd, and our static step compiled whole (fullgraph) and
-# replayed as CUDA graphs, under bf16 autocast (bench/train_step.py). The log and the JSON go to $OUT (the device
-# tool's) or bench/out/gpu.
+# The GPU checks of issue 38, one a device command (device tool, timeout 600 s):
+#   bash bench/gpu_step.sh small       # the training step, ELECTRA-Small at 128 x 128 tokens
+#   bash bench/gpu_step.sh base [B]    # the training step, BERT-base at B x 512 (default 32; ours only when B > 32)
+#   bash bench/gpu_step.sh finetune    # the small preset's MRPC and STS-B grids, trials together against one at a time
+# The step: ours and transformers' ELECTRA, eager and torch.compile'd, and our static step compiled whole (fullgraph)
+# and replayed as CUDA graphs, under bf16 autocast (bench/train_step.py). Fine-tuning: bench/finetune_grid.py on the
+# data `python bench/gpu_sprint.py prep` packed (carry .sprint/carry). Logs and JSON go to $OUT (the device tool's)
+# or bench/out/gpu.
 set -u
-config=${1:?small or base}
+config=${1:?small, base or finetune}
 out=${OUT:-bench/out/gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  nproc; uptime; date -u +%FT%TZ; } | tee "$out/machine_$config.txt"
+  nproc; uptime; date -u +%FT%TZ; git log -1 --format=%h 2>/dev/null; } | tee "$out/machine_$config.txt"
+if [ "$config" = finetune ]; then
+  data=/tmp/electralab-finetune
+  mkdir -p "$data" && tar -xJf .sprint/carry/data.tar.xz -C "$data" || exit 2
+  python3 bench/finetune_grid.py --preset small --vocab "$data/vocab" --data "$data" --tasks mrpc stsb \
+    --out "$out/finetune_grid.json" 2>&1 | grep -v '^W[0-9]' | tee "$out/finetune_grid.log"
+  exit "${PIPESTATUS[0]}"
+fi
+batch=${2:-}
 case $config in
-  small) shape=(--config small --seq-len 128 --batch-size 128 --steps 20) ;;
-  base) shape=(--config base --seq-len 512 --batch-size 32 --steps 10) ;;
-  *) echo "bench/gpu_step.sh: config $config: choose small or base" >&2; exit 2 ;;
+  small) shape=(--config small --seq-len 128 --batch-size "${batch:-128}" --steps 20) ;;
+  base) shape=(--config base --seq-len 512 --batch-size "${batch:-32}" --steps 10) ;;
+  *) echo "bench/gpu_step.sh: config $config: choose small, base or finetune" >&2; exit 2 ;;
 esac
-python3 bench/train_step.py --device cuda --precision bf16 "${shape[@]}" --compile --static 2>&1 \
-  | grep -v '^W[0-9]' | tee "$out/train_step_$config.log"
+peers=(--compile)
+[ -n "$batch" ] && peers=(--ours-only)  # another batch: our static step's scaling only (each compile costs a minute)
+python3 bench/train_step.py --device cuda --precision bf16 "${shape[@]}" "${peers[@]}" --static 2>&1 \
+  | grep -v '^W[0-9]' | tee "$out/train_step_$config${batch:+_b$batch}.log"
 rc=${PIPESTATUS[0]}
 cp bench/out/train_step_cuda_"$config"_*.json "$out/" 2>/dev/null
 exit "$rc"

@@ -533,8 +533,7 @@ def test_the_trial_loop_learns_and_dynamic_padding_changes_nothing(vocab_dir):
 
 
 def test_trials_together_are_packed_by_what_one_batched_model_can_share():
-    from electralab.finetune.grid import Group, HParams, TrialSpec
-    from electralab.finetune.tuning import packs
+    from electralab.finetune.grid import Group, HParams, TrialSpec, packs
 
     specs = [
         TrialSpec(Group(task), HParams(lr, epochs, 32, 0.1), seed)

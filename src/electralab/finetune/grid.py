@@ -91,6 +91,21 @@ class TrialSpec:
         return cls(Group(**d["group"]), HParams(**d["hparams"]), int(d["seed"]))
 
 
+def packs(specs: list[TrialSpec], together: int) -> list[list[TrialSpec]]:
+    """`specs` in packs of at most `together` that one batched model can train (one group, batch size and epoch
+    count), in the order of each pack's first trial in `specs`."""
+    by_kind: dict[tuple, list[list[TrialSpec]]] = {}
+    out = []
+    for spec in specs:
+        kind = (spec.group, spec.hparams.batch_size, spec.hparams.epochs)
+        open_packs = by_kind.setdefault(kind, [])
+        if not open_packs or len(open_packs[-1]) == together:
+            open_packs.append([])
+            out.append(open_packs[-1])
+        open_packs[-1].append(spec)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Median per configuration, best configuration
 # --------------------------------------------------------------------------------------------
@@ -175,4 +190,4 @@ class ResultStore:
         write_json(self.path(spec), result)
 
 
-__all__ = ["FINAL", "Group", "HParams", "ResultStore", "Selection", "TrialSpec", "configurations", "select"]
+__all__ = ["FINAL", "Group", "HParams", "ResultStore", "Selection", "TrialSpec", "configurations", "packs", "select"]

@@ -45,7 +45,7 @@ from ray import tune
 from electralab.config import TrialResources
 from electralab.errors import ConfigError
 from electralab.export import load_encoder
-from electralab.finetune.grid import TrialSpec
+from electralab.finetune.grid import TrialSpec, packs
 from electralab.finetune.trial import run_trial
 
 # Tune writes a CSV/JSON/TensorBoard result log per trial and changes into a trial directory by
@@ -114,21 +114,6 @@ def check_resources(resources: TrialResources) -> None:
                 f"{available.get(key, 0):g} {key}s; lower it (e.g. "
                 f"-S presets.<preset>.finetune.resources.{name}=...)"
             )
-
-
-def packs(specs: list[TrialSpec], together: int) -> list[list[TrialSpec]]:
-    """`specs` in packs of at most `together` that one batched model can train (one group, batch size and epoch
-    count), in the order of each pack's first trial in `specs`."""
-    by_kind: dict[tuple, list[list[TrialSpec]]] = {}
-    out = []
-    for spec in specs:
-        kind = (spec.group, spec.hparams.batch_size, spec.hparams.epochs)
-        open_packs = by_kind.setdefault(kind, [])
-        if not open_packs or len(open_packs[-1]) == together:
-            open_packs.append([])
-            out.append(open_packs[-1])
-        open_packs[-1].append(spec)
-    return out
 
 
 def pack_specs(config: dict) -> list[TrialSpec]:
@@ -273,7 +258,6 @@ __all__ = [
     "check_resources",
     "init_ray",
     "local_cpus",
-    "packs",
     "release_freed_memory",
     "ray_session",
     "run_trials",
