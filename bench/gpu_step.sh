@@ -18,8 +18,8 @@ export PYTHONUNBUFFERED=1
 if [ "$config" = finetune ]; then
   data=/tmp/electralab-finetune
   mkdir -p "$data" && tar -xJf .sprint/carry/data.tar.xz -C "$data" || exit 2
-  python3 bench/finetune_grid.py --preset small --vocab "$data/vocab" --data "$data" --tasks mrpc stsb \
-    --out "$out/finetune_grid.json" 2>&1 | grep -v '^W[0-9]' | tee "$out/finetune_grid.log"
+  timeout -k 10 "${FINETUNE_SECONDS:-300}" python3 bench/finetune_grid.py --preset small --vocab "$data/vocab" --data "$data" --tasks mrpc stsb \
+    --out "$out/finetune_grid.json" 2>&1 | grep --line-buffered -v "^W[0-9]" | tee "$out/finetune_grid.log"
   exit "${PIPESTATUS[0]}"
 fi
 batch=${2:-}
@@ -31,7 +31,7 @@ esac
 peers=(--compile)
 [ -n "$batch" ] && peers=(--ours-only)  # another batch: our static step's scaling only (each compile costs a minute)
 python3 bench/train_step.py --device cuda --precision bf16 "${shape[@]}" "${peers[@]}" --static 2>&1 \
-  | grep -v '^W[0-9]' | tee "$out/train_step_$config${batch:+_b$batch}.log"
+  | grep --line-buffered -v "^W[0-9]" | tee "$out/train_step_$config${batch:+_b$batch}.log"
 rc=${PIPESTATUS[0]}
 cp bench/out/train_step_cuda_"$config"_*.json "$out/" 2>/dev/null
 exit "$rc"
