@@ -34,6 +34,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from train_step import sync  # noqa: E402
 
 from electralab.config import load_params  # noqa: E402
 from electralab.data.vocab import Tokenizer  # noqa: E402
@@ -48,16 +51,11 @@ from electralab.model.encoder import Encoder, make_token_embedding  # noqa: E402
 from electralab.runs import resolve_run  # noqa: E402
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn, device: torch.device):
-    synchronize(device)
+    sync(device)
     start = time.perf_counter()
     out = fn()
-    synchronize(device)
+    sync(device)
     return out, time.perf_counter() - start
 
 
