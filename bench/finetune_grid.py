@@ -20,6 +20,7 @@ within float tolerance (tests/test_finetune_batched.py). JSON -> --out.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -30,6 +31,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,11 +46,16 @@ from electralab.env import data_root  # noqa: E402
 from electralab.export import load_encoder  # noqa: E402
 from electralab.finetune.batched import run_trials  # noqa: E402
 from electralab.finetune.data import prepare  # noqa: E402
+from electralab.finetune.features import train_batches  # noqa: E402
 from electralab.finetune.grid import Group, TrialSpec, configurations, packs  # noqa: E402
+from electralab.finetune.model import FinetuneModel  # noqa: E402
 from electralab.finetune.tasks import TASKS  # noqa: E402
 from electralab.finetune.trial import TrialSettings, run_trial  # noqa: E402
 from electralab.model.encoder import Encoder, make_token_embedding  # noqa: E402
+from electralab.objectives.common import set_static  # noqa: E402
 from electralab.runs import resolve_run  # noqa: E402
+from electralab.train.common import resolve_precision  # noqa: E402
+from electralab.train.perf import CUDA_BF16_PEAK, count_flops, peak_flops  # noqa: E402
 
 
 def timed(fn, device: torch.device):
@@ -57,6 +64,21 @@ def timed(fn, device: torch.device):
     out = fn()
     sync(device)
     return out, time.perf_counter() - start
+
+
+def epoch_flops(data, encoder: Encoder, batch_size: int, group_by_length: bool) -> int:
+    """One trial's training FLOPs for one epoch (forward and backward; matmuls and attention, as the pretraining's MFU
+    counts them), every batch as the stage pads it, counted on the meta device: shapes only, nothing computed."""
+    model = FinetuneModel(copy.deepcopy(encoder), data.task).to("meta")
+    set_static(model)  # the meta device cannot answer the host's questions (is any token padding?)
+    by_shape: dict[tuple[int, ...], int] = {}  # a batch's FLOPs depend on its shape alone
+    total = 0
+    for index in train_batches(data.train.lengths, batch_size, np.random.default_rng(0), group_by_length):
+        ids, mask, labels = (t.to("meta") for t in data.train.batch(index))
+        if ids.shape not in by_shape:
+            _, by_shape[ids.shape] = count_flops(lambda: model.loss(model(ids, mask), labels).backward())  # noqa: B023
+        total += by_shape[ids.shape]
+    return total
 
 
 def final_metric(history: list[dict], metric: str) -> float | None:
@@ -76,6 +98,11 @@ def main() -> None:
     parser.add_argument("--alone", type=int, default=1, help="trials of each pack timed one at a time")
     parser.add_argument("--train-examples", type=int, help="cap each task's training set (a quick look)")
     parser.add_argument("--eval-examples", type=int, help="cap each task's evaluation sets (a quick look)")
+    parser.add_argument(
+        "--count-only",
+        action="store_true",
+        help="no training: each grid's training FLOPs and its seconds at the bf16 peak of an H100 (the physical limit)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "finetune_grid.json"))
     args = parser.parse_args()
@@ -104,20 +131,29 @@ def main() -> None:
         flush=True,
     )
 
+    precision = resolve_precision(settings.precision, device)
+    peak = CUDA_BF16_PEAK["H100"] if args.count_only else peak_flops(device, precision)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
+        "peak_flops": peak,
         "preset": args.preset,
         "device": name,
-        "precision": settings.precision,
+        "precision": precision,
         "seeds": seeds,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     rows = []
 
     def write() -> None:  # after every pack: a command stopped at its limit keeps what it measured
-        together, alone = sum(r["together_s"] for r in rows), sum(r["alone_s"] for r in rows)
-        done = {"together_s": together, "alone_s": alone, "load_average": os.getloadavg(), "packs": rows}
+        together, alone = sum(r.get("together_s", 0) for r in rows), sum(r.get("alone_s", 0) for r in rows)
+        done = {
+            "train_flops": sum(r["train_flops"] for r in rows),
+            "together_s": together,
+            "alone_s": alone,
+            "load_average": os.getloadavg(),
+            "packs": rows,
+        }
         out.write_text(json.dumps({**meta, **done}, indent=2) + "\n")
 
     for task_name in args.tasks:
@@ -127,8 +163,27 @@ def main() -> None:
         specs = [
             TrialSpec(Group(task_name), hp, seed) for hp in configurations(cfg.search_space(task)) for seed in seeds
         ]
+        flops_per_epoch = {}  # batch size -> one trial's epoch
         for pack in packs(specs, args.together):
             hps, pack_seeds = [s.hparams for s in pack], [s.seed for s in pack]
+            batch = hps[0].batch_size
+            if batch not in flops_per_epoch:
+                flops_per_epoch[batch] = epoch_flops(data, encoder, batch, settings.group_by_length)
+            flops = flops_per_epoch[batch] * hps[0].epochs * len(pack)
+            if args.count_only:
+                rows.append(
+                    {
+                        "task": task_name,
+                        "train_tokens": int(data.train.lengths.sum()),
+                        "epochs": hps[0].epochs,
+                        "trials": len(pack),
+                        "train_flops": flops,
+                        "seconds_at_peak": round(flops / peak, 2),
+                    }
+                )
+                write()
+                print(f"{task_name:6s} {hps[0].epochs:2d} epochs, {len(pack):2d} trials: {flops:.3g} FLOPs", flush=True)
+                continue
             histories, together_s = timed(partial(run_trials, data, encoder, hps, pack_seeds, settings, device), device)
             alone = []
             for spec in pack[: args.alone]:
@@ -143,6 +198,10 @@ def main() -> None:
                 "epochs": hps[0].epochs,
                 "batch_size": hps[0].batch_size,
                 "trials": len(pack),
+                "train_tokens": int(data.train.lengths.sum()),
+                "train_flops": flops,
+                "mfu_together": round(flops / together_s / peak, 4) if peak else None,
+                "mfu_alone": round(flops / alone_s / peak, 4) if peak else None,
                 "together_s": round(together_s, 2),
                 "alone_s": round(alone_s, 2),
                 "alone_timed": len(alone),
@@ -160,10 +219,19 @@ def main() -> None:
                 f"alone {row['metrics_alone']}",
                 flush=True,
             )
+    flops = sum(r["train_flops"] for r in rows)
+    if args.count_only:
+        print(
+            f"grid ({', '.join(args.tasks)}; {sum(r['trials'] for r in rows)} trials): {flops:.3g} training FLOPs, "
+            f"{flops / peak:.1f} s at an H100's bf16 peak, {flops / peak / 0.3 / 60:.2f} minutes at 30% of it"
+        )
+        print(f"-> {out}")
+        return
     together, alone = sum(r["together_s"] for r in rows), sum(r["alone_s"] for r in rows)
     print(
         f"grid ({', '.join(args.tasks)}; {sum(r['trials'] for r in rows)} trials): together {together:.1f} s "
-        f"({together / 60:.2f} device-minutes), one at a time {alone:.1f} s: x{alone / together:.2f}",
+        f"({together / 60:.2f} device-minutes), one at a time {alone:.1f} s: x{alone / together:.2f}; "
+        f"{flops:.3g} training FLOPs" + (f", {flops / together / peak:.2%} MFU together" if peak else ""),
         flush=True,
     )
     print(f"-> {out}")
