@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from electralab.cli import run_stage  # first: it holds a stop signal while the rest imports
+
+# isort: split
 from electralab.card import describe, model_card
-from electralab.cli import run_stage
 from electralab.config import Params
 from electralab.env import data_root
 from electralab.runs import check_run, resolve_all

@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from electralab.cli import run_stage  # first: it holds a stop signal while the rest imports
+
+# isort: split
 from electralab.card import describe
-from electralab.cli import run_stage
 from electralab.config import Params
 from electralab.env import data_root
 from electralab.io import write_json

@@ -106,6 +106,45 @@ def test_a_forked_child_ends_on_sigterm_as_without_the_stages_handlers(tmp_path)
     assert proc.stdout == f"child exit {-signal.SIGTERM}\n", proc.stdout
 
 
+SLOW_IMPORT_STAGE = """
+import os, signal, sys
+from electralab.cli import run_stage  # first, as every stage script imports it
+os.kill(os.getpid(), int(sys.argv[1]))  # a stop signal while the stage script is still importing
+import torch  # noqa: E402  (the heavy imports after it: seconds in a real stage)
+
+def main(params, args):
+    print("the stage ran")
+
+if __name__ == "__main__":
+    run_stage("slow", main, argv=["--params", sys.argv[2]])
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_a_stage_script_imports_stops_it_in_its_line_before_it_runs(signum, tmp_path):
+    """Ctrl-C in a stage's first seconds (torch, Ray, MLflow importing) is held until run_stage can end the stage in
+    its one line: no KeyboardInterrupt traceback from inside an import, and the stage's body never runs."""
+    import subprocess
+    import sys
+
+    (tmp_path / "params.yaml").write_bytes((ROOT / "params.yaml").read_bytes())
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "stages" / "slow.py").write_text(SLOW_IMPORT_STAGE, encoding="utf-8")
+    env = {**os.environ, "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT / "src")}
+    env.pop("DVC_STAGE", None)
+    proc = subprocess.run(
+        [sys.executable, "stages/slow.py", str(int(signum)), str(tmp_path / "params.yaml")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr == f"slow: stopped by {name}; run the same command again (`dvc repro`, `make repro`) to go on\n"
+
+
 def test_a_full_disk_anywhere_in_the_errors_chain_ends_a_stage_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
     """torch, MLflow and SQLAlchemy wrap a full disk in their own errors: the stage still says what it is."""
     import errno

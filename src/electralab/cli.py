@@ -22,7 +22,9 @@ and keeps its traceback.
 A stop signal ends a stage with one line and no traceback: SIGTERM (`kill`, `timeout`, systemd, a container's
 stop) and SIGINT (Ctrl-C). A stage that polls `STOP.requested()` (pretraining, after every step) finishes the
 step, checkpoints it and says which step the next run resumes from; any other stage stops where it is, keeping
-only what it finished (every output is written whole or not at all). A second signal stops at once. The exit
+only what it finished (every output is written whole or not at all). A signal that comes while the stage script
+is still importing (torch, Ray, MLflow: seconds) is held until the stage can stop in its line; a stage script
+imports this module first for that. A second signal stops at once. The exit
 status is the shell's for the signal (128 + its number), so DVC records nothing and `dvc repro` runs it again.
 
 A stage holds a lock for its whole run (.electralab/locks/stage-<name>[@<run>].lock): DVC guards a stage's
@@ -103,6 +105,21 @@ class StopSignals:
         self.signum: int | None = None
         self.polled = False
         self.pid = os.getpid()  # the stage's process: a forked child keeps the handlers but not this role
+        self.held: int | None = None  # a signal received while the stage script was still importing
+
+    def hold_while_starting(self) -> None:
+        """From a stage script's import of this module until run_stage installs the stage's handlers, the stage is
+        still importing torch, Ray or MLflow and has done nothing: a stop signal then is held, and ends the stage in
+        its one line as soon as run_stage can name it (a traceback from inside an import otherwise). A second one
+        ends the process at once."""
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, self._held)
+
+    def _held(self, signum: int, frame) -> None:
+        if self.held is not None:
+            os._exit(128 + signum)
+        self.held = signum
 
     @contextmanager
     def installed(self) -> Iterator[None]:
@@ -113,6 +130,9 @@ class StopSignals:
             return
         before = {signum: signal.signal(signum, self._received) for signum in (signal.SIGTERM, signal.SIGINT)}
         try:
+            if self.held is not None:  # stopped while the stage script was importing
+                signum, self.held = self.held, None
+                raise Stopped(f"stopped by {signal.Signals(signum).name}", signum)
             yield
         finally:
             for signum, handler in before.items():
@@ -133,6 +153,8 @@ class StopSignals:
 
 
 STOP = StopSignals()
+if Path(getattr(sys.modules["__main__"], "__file__", None) or "").parent.name == "stages":  # python stages/<name>.py
+    STOP.hold_while_starting()
 
 
 def run_stage(
