@@ -11,10 +11,12 @@ batch size and epoch count a pack, at most `--together` trials): each pack train
 evaluation (finetune.batched.run_trials, as `finetune.resources.trials_together` trains it), and its first `--alone`
 trials one at a time (finetune.trial.run_trial, as one trial a worker process runs); a pack's time alone is the mean
 of its timed trials x its trials. The encoder has the preset's shape and fresh weights (a step's speed does not depend
-on them) unless `--model` names an exported one. Reported: each pack's seconds both ways, the speed-up, the task's and
-the grid's device-seconds, and each timed trial's final dev metric both ways. With dropout the two ways draw different
-masks (finetune/batched.py), so their metrics agree in distribution, not digit for digit; without dropout they agree
-within float tolerance (tests/test_finetune_batched.py). JSON -> --out.
+on them) unless `--model` names an exported one. Reported: each pack's seconds both ways, the speed-up, its training
+FLOPs (counted on the meta device: matmuls and attention, forward and backward, as the pretraining's MFU counts them)
+and MFU against the device's peak, the grid's device-seconds, and each timed trial's final dev metric both ways. With
+dropout the two ways draw different masks (finetune/batched.py), so their metrics agree in distribution, not digit for
+digit; without dropout they agree within float tolerance (tests/test_finetune_batched.py). `--count-only` trains
+nothing: each grid's FLOPs and its seconds at an H100's bf16 peak, the physical limit of a time target. JSON -> --out.
 """
 
 from __future__ import annotations
