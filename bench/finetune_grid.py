@@ -45,6 +45,7 @@ from train_step import sync  # noqa: E402
 from electralab.config import load_params  # noqa: E402
 from electralab.data.vocab import Tokenizer  # noqa: E402
 from electralab.env import data_root  # noqa: E402
+from electralab.errors import EXPECTED_ERRORS, ConfigError  # noqa: E402
 from electralab.export import load_encoder  # noqa: E402
 from electralab.finetune.batched import run_trials  # noqa: E402
 from electralab.finetune.data import prepare  # noqa: E402
@@ -94,7 +95,7 @@ def main() -> None:
     parser.add_argument("--vocab", required=True, help="the preset's vocabulary directory (the vocab stage's output)")
     parser.add_argument("--data", help="the GLUE mirror's root (default: $ELECTRALAB_DATA)")
     parser.add_argument("--model", help="an exported encoder (default: the preset's shape, fresh weights)")
-    parser.add_argument("--tasks", nargs="+", default=["stsb", "mrpc"])
+    parser.add_argument("--tasks", nargs="+", default=["stsb", "mrpc"], choices=sorted(TASKS))
     parser.add_argument("--seeds", type=int, help="the first N of the preset's fine-tuning seeds (default: all)")
     parser.add_argument("--together", type=int, default=64, help="at most this many trials in one pack")
     parser.add_argument("--alone", type=int, default=1, help="trials of each pack timed one at a time")
@@ -110,7 +111,12 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device(args.device)
-    params = dataclasses.replace(load_params(ROOT / "params.yaml"), preset=args.preset)
+    params = load_params(ROOT / "params.yaml")
+    if args.preset not in params.presets:
+        raise ConfigError(
+            f"--preset {args.preset}: params.yaml has no such preset; choose from {sorted(params.presets)}"
+        )
+    params = dataclasses.replace(params, preset=args.preset)
     cfg = params.active.finetune
     if cfg is None:
         sys.exit(f"bench/finetune_grid.py: presets.{args.preset} has no finetune section")
@@ -125,15 +131,15 @@ def main() -> None:
         shape = resolve_run(params, "electra").model
         encoder = Encoder(shape, make_token_embedding(tokenizer.vocab_size, shape.embedding))
     root = Path(args.data) if args.data else data_root()
+    precision = resolve_precision(settings.precision, device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     print(
         f"{args.preset}: encoder {encoder.cfg.layers} x {encoder.cfg.hidden}, vocabulary {tokenizer.vocab_size}; "
         f"{device} ({name}), {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, load "
-        f"{os.getloadavg()[0]:.2f}; seeds {seeds}, precision {settings.precision}",
+        f"{os.getloadavg()[0]:.2f}; seeds {seeds}, precision {precision}",
         flush=True,
     )
 
-    precision = resolve_precision(settings.precision, device)
     peak = CUDA_BF16_PEAK["H100"] if args.count_only else peak_flops(device, precision)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -240,4 +246,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except EXPECTED_ERRORS as error:  # bad input: one line naming it, no traceback
+        sys.exit(f"error: {error}")
