@@ -17,6 +17,10 @@ and MFU against the device's peak, the grid's device-seconds, and each timed tri
 dropout the two ways draw different masks (finetune/batched.py), so their metrics agree in distribution, not digit for
 digit; without dropout they agree within float tolerance (tests/test_finetune_batched.py). `--count-only` trains
 nothing: each grid's FLOPs and its seconds at an H100's bf16 peak, the physical limit of a time target. JSON -> --out.
+
+`--step` (default: the preset's `finetune.step`, "auto": CUDA graphs on a GPU) is the trials-together step
+(finetune/batched.py); a compiled step's first pack of each task and pack size includes its compilation, as the
+stage's would. `--alone 0` times no trial alone (the speed-up is then left out).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from electralab.data.vocab import Tokenizer  # noqa: E402
 from electralab.env import data_root  # noqa: E402
 from electralab.errors import EXPECTED_ERRORS, ConfigError  # noqa: E402
 from electralab.export import load_encoder  # noqa: E402
-from electralab.finetune.batched import run_trials  # noqa: E402
+from electralab.finetune.batched import resolve_step, run_trials  # noqa: E402
 from electralab.finetune.data import prepare  # noqa: E402
 from electralab.finetune.features import train_batches  # noqa: E402
 from electralab.finetune.grid import Group, TrialSpec, configurations, packs  # noqa: E402
@@ -98,7 +102,12 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=["stsb", "mrpc"], choices=sorted(TASKS))
     parser.add_argument("--seeds", type=int, help="the first N of the preset's fine-tuning seeds (default: all)")
     parser.add_argument("--together", type=int, default=64, help="at most this many trials in one pack")
-    parser.add_argument("--alone", type=int, default=1, help="trials of each pack timed one at a time")
+    parser.add_argument("--alone", type=int, default=1, help="trials of each pack timed one at a time (0: none)")
+    parser.add_argument(
+        "--step",
+        choices=["auto", "dynamic", "static", "cuda_graphs"],
+        help="the step of the trials together (default: the preset's finetune.step; finetune/batched.py)",
+    )
     parser.add_argument("--train-examples", type=int, help="cap each task's training set (a quick look)")
     parser.add_argument("--eval-examples", type=int, help="cap each task's evaluation sets (a quick look)")
     parser.add_argument(
@@ -121,7 +130,7 @@ def main() -> None:
     if cfg is None:
         sys.exit(f"bench/finetune_grid.py: presets.{args.preset} has no finetune section")
     cfg = dataclasses.replace(cfg, max_train_examples=args.train_examples, max_eval_examples=args.eval_examples)
-    settings = TrialSettings.of(cfg)
+    settings = dataclasses.replace(TrialSettings.of(cfg), step=args.step or cfg.step)
     seeds = list(cfg.seeds[: args.seeds] if args.seeds else cfg.seeds)
     tokenizer = Tokenizer(args.vocab)
     if args.model:
@@ -132,11 +141,12 @@ def main() -> None:
         encoder = Encoder(shape, make_token_embedding(tokenizer.vocab_size, shape.embedding))
     root = Path(args.data) if args.data else data_root()
     precision = resolve_precision(settings.precision, device)
+    step = resolve_step(settings.step, device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     print(
         f"{args.preset}: encoder {encoder.cfg.layers} x {encoder.cfg.hidden}, vocabulary {tokenizer.vocab_size}; "
         f"{device} ({name}), {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, load "
-        f"{os.getloadavg()[0]:.2f}; seeds {seeds}, precision {precision}",
+        f"{os.getloadavg()[0]:.2f}; seeds {seeds}, precision {precision}, step {step}",
         flush=True,
     )
 
@@ -148,6 +158,7 @@ def main() -> None:
         "preset": args.preset,
         "device": name,
         "precision": precision,
+        "step": step,
         "seeds": seeds,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -199,7 +210,7 @@ def main() -> None:
                     partial(run_trial, data, encoder, spec.hparams, spec.seed, settings, device), device
                 )
                 alone.append((spec, history, seconds))
-            alone_s = statistics.mean(s for _, _, s in alone) * len(pack)
+            alone_s = statistics.mean(s for _, _, s in alone) * len(pack) if alone else 0.0
             row = {
                 "task": task_name,
                 "train_examples": len(data.train),
@@ -209,11 +220,11 @@ def main() -> None:
                 "train_tokens": int(data.train.lengths.sum()),
                 "train_flops": flops,
                 "mfu_together": round(flops / together_s / peak, 4) if peak else None,
-                "mfu_alone": round(flops / alone_s / peak, 4) if peak else None,
+                "mfu_alone": round(flops / alone_s / peak, 4) if peak and alone else None,
                 "together_s": round(together_s, 2),
                 "alone_s": round(alone_s, 2),
                 "alone_timed": len(alone),
-                "speedup": round(alone_s / together_s, 2),
+                "speedup": round(alone_s / together_s, 2) if alone else None,
                 "metric": metric,
                 "metrics_together": [final_metric(h, metric) for h in histories],
                 "metrics_alone": [final_metric(h, metric) for _, h, _ in alone],
@@ -238,7 +249,9 @@ def main() -> None:
     together, alone = sum(r["together_s"] for r in rows), sum(r["alone_s"] for r in rows)
     print(
         f"grid ({', '.join(args.tasks)}; {sum(r['trials'] for r in rows)} trials): together {together:.1f} s "
-        f"({together / 60:.2f} device-minutes), one at a time {alone:.1f} s: x{alone / together:.2f}; "
+        f"({together / 60:.2f} device-minutes)"
+        + (f", one at a time {alone:.1f} s: x{alone / together:.2f}" if alone else "")
+        + "; "
         f"{flops:.3g} training FLOPs" + (f", {flops / together / peak:.2%} MFU together" if peak else ""),
         flush=True,
     )

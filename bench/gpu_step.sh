@@ -2,7 +2,8 @@
 # The GPU checks of issue 38, one a device command (device tool, timeout 600 s):
 #   bash bench/gpu_step.sh small       # the training step, ELECTRA-Small at 128 x 128 tokens
 #   bash bench/gpu_step.sh base [B]    # the training step, BERT-base at B x 512 (default 32; ours only when B > 32)
-#   bash bench/gpu_step.sh finetune    # the small preset's MRPC and STS-B grids, trials together against one at a time
+#   bash bench/gpu_step.sh finetune    # the small preset's MRPC and STS-B grids, trials together as CUDA graphs; then
+#                                      # MRPC's with the eager step together, the baseline on the same GPU
 # The step: ours and transformers' ELECTRA, eager and torch.compile'd, and our static step compiled whole (fullgraph)
 # and replayed as CUDA graphs, under bf16 autocast (bench/train_step.py). Fine-tuning: bench/finetune_grid.py on the
 # data `python bench/gpu_sprint.py prep` packed (carry .sprint/carry). Logs and JSON go to $OUT (the device tool's)
@@ -18,9 +19,15 @@ export PYTHONUNBUFFERED=1
 if [ "$config" = finetune ]; then
   data=/tmp/electralab-finetune
   mkdir -p "$data" && tar -xJf .sprint/carry/data.tar.xz -C "$data" || exit 2
-  timeout -k 10 "${FINETUNE_SECONDS:-300}" python3 bench/finetune_grid.py --preset small --vocab "$data/vocab" --data "$data" --tasks mrpc stsb \
+  grid=(python3 bench/finetune_grid.py --preset small --vocab "$data/vocab" --data "$data" --alone 0)
+  timeout -k 10 "${FINETUNE_SECONDS:-300}" "${grid[@]}" --tasks mrpc stsb --step cuda_graphs \
     --out "$out/finetune_grid.json" 2>&1 | grep --line-buffered -v "^W[0-9]" | tee "$out/finetune_grid.log"
-  exit "${PIPESTATUS[0]}"
+  rc=${PIPESTATUS[0]}
+  timeout -k 10 "${BASELINE_SECONDS:-200}" "${grid[@]}" --tasks mrpc --step dynamic \
+    --out "$out/finetune_grid_dynamic.json" 2>&1 | grep --line-buffered -v "^W[0-9]" | tee "$out/finetune_grid_dynamic.log"
+  baseline=${PIPESTATUS[0]}
+  [ "$rc" -ne 0 ] && exit "$rc"
+  exit "$baseline"
 fi
 batch=${2:-}
 case $config in

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -86,3 +87,29 @@ def test_with_dropout_each_trial_draws_its_own_masks_and_learns(vocab_dir):
     assert first[-1]["train_loss"] != second[-1]["train_loss"]
     assert all(h[0]["train_loss"] > h[-1]["train_loss"] for h in (first, second))
     assert torch.isfinite(torch.tensor([first[-1]["accuracy"], second[-1]["accuracy"]])).all()
+
+
+@pytest.mark.compile
+def test_the_static_step_compiles_whole_and_equals_the_dynamic_step(vocab_dir, monkeypatch):
+    """finetune.step=static pads every batch to one shape and compiles the forward, backward and update with
+    fullgraph=True (a graph break raises): the same losses and metrics as the eager step, clipping included.
+    Traced by aot_eager (the forward and backward graphs as inductor gets them, run by eager kernels): inductor's
+    C++ code generation would cost minutes here; bench/finetune_grid.py --step static runs it."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    data, settings = task(vocab_dir, "stsb", examples=40)  # 3 batches an epoch, the last one short
+    encoder = tiny_encoder(Tokenizer(vocab_dir).vocab_size, 0)
+    set_dropout(encoder, 0.0)
+    encoder.cfg = dataclasses.replace(encoder.cfg, dropout=0.0)
+    clipped = dataclasses.replace(settings, clip_norm=0.5)
+    hps = [HParams(1e-3, 2, 16, 0.1), HParams(3e-3, 2, 16, 0.0)]
+    dynamic, static = (
+        run_trials(data, encoder, hps, [1, 2], dataclasses.replace(clipped, step=step))
+        for step in ("dynamic", "static")
+    )
+    for d, s in zip(dynamic, static):
+        assert [h["epoch"] for h in s] == [1, 2]
+        for a, b in zip(d, s):
+            assert b["train_loss"] == pytest.approx(a["train_loss"], rel=LOSS_TOLERANCE)
+            for key in (k for k in a if k not in ("epoch", "train_loss", "seconds", "threads")):
+                assert b[key] == pytest.approx(a[key], abs=METRIC_TOLERANCE), key

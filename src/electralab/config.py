@@ -450,6 +450,11 @@ class FinetuneConfig:
     clip_norm: float = bounded(0.0, lo=0.0)  # 0 = no clipping
     # Batches of similar lengths (fairseq's size-sorted batching); dynamic padding either way.
     group_by_length: bool = True
+    # The step of grid trials trained together (resources.trials_together > 1; finetune/batched.py), as
+    # pretrain.step: "dynamic" (eager; each batch as wide as its longest row), "static" (every batch full and as
+    # wide as the task's longest training row, the step compiled whole), "cuda_graphs" (static, replayed as CUDA
+    # graphs; static on a CPU); "auto": cuda_graphs on a GPU, else dynamic. A trial alone always runs dynamic.
+    step: Literal["auto", "dynamic", "static", "cuda_graphs"] = "auto"
     # Per-run extras, driven by the run's tables: MNLI on the pretraining fraction checkpoints
     # (coco-lm/fig3, amos/fig4) and on a fraction of its labels (coco-lm/fig7).
     efficiency_tasks: tuple[str, ...] = ("mnli",)

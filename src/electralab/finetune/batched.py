@@ -15,6 +15,13 @@ trial draws its masks in vmap's stream ("different" randomness), not run_trial's
 The trials of one call share the batch size and the epochs (the number of steps); seeds and learning rates and
 warm-ups differ. The fine-tuning stage trains packs of its grid this way with `finetune.resources.trials_together`
 (finetune/tuning.py).
+
+`finetune.step` (resolve_step): "dynamic" runs the step eagerly, each batch as wide as its longest row. On a GPU that
+leaves it idle: vmap's eager dispatch and hundreds of small kernels a step cost more host time than the GPU computes
+(docs/findings.md, "Trials together on the GPU": about 1% MFU). "static" pads every batch to one shape (full, as wide
+as the task's longest training row) and compiles the forward and backward whole (vmap traced away) and the update
+(clipping and AdamW) whole; "cuda_graphs" also replays the forward and backward as CUDA graphs. Padding changes no
+result: a [PAD] is masked out of attention and a padding row weighs 0.
 """
 
 from __future__ import annotations
@@ -40,19 +47,20 @@ from electralab.train.common import autocast, resolve_precision, schedule_factor
 
 class StackedAdamW:
     """torch's AdamW (decoupled weight decay, none on biases and LayerNorm: make_adamw) over weights stacked along
-    a first dimension of K trials, each with its own learning rate."""
+    a first dimension of K trials, each with its own learning rate. The step count is a tensor, so that a compiled
+    update is one graph for every step."""
 
     def __init__(self, params: dict[str, torch.Tensor], betas: tuple[float, float], eps: float, weight_decay: float):
         self.params, self.betas, self.eps, self.weight_decay = params, betas, eps, weight_decay
         self.state = {n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in params.items()}
-        self.steps = 0
+        self.steps = torch.zeros((), device=next(iter(params.values())).device)
 
     @torch.no_grad()
     def step(self, lrs: torch.Tensor) -> None:
-        """One update; lrs (K,) this step's learning rate of each trial."""
-        self.steps += 1
-        (b1, b2), t = self.betas, self.steps
-        correction1, correction2 = 1 - b1**t, math.sqrt(1 - b2**t)
+        """One update from the weights' gradients; lrs (K,) this step's learning rate of each trial."""
+        self.steps.add_(1)
+        b1, b2 = self.betas
+        correction1, correction2 = 1 - b1**self.steps, (1 - b2**self.steps).sqrt()
         for name, p in self.params.items():
             lr = lrs.to(p.dtype).view(-1, *[1] * (p.dim() - 1))
             m, v = self.state[name]
@@ -61,7 +69,6 @@ class StackedAdamW:
             if p.dim() > 2:  # a matrix of each trial (make_adamw: no decay on biases and norms, ndim < 2)
                 p.mul_(1 - lr * self.weight_decay)
             p.sub_(lr / correction1 * m / (v.sqrt() / correction2 + self.eps))
-            p.grad = None
 
 
 def clip_per_trial(params: dict[str, torch.Tensor], max_norm: float) -> None:
@@ -72,11 +79,13 @@ def clip_per_trial(params: dict[str, torch.Tensor], max_norm: float) -> None:
         p.grad.mul_(scale.to(p.grad.dtype).view(-1, *[1] * (p.dim() - 1)))
 
 
-def stacked_batch(data: TaskData, indices: list[np.ndarray]) -> tuple[torch.Tensor, ...]:
-    """The K trials' batches as (K, B, T) tensors, B and T the largest of them; a padding row is [CLS] alone and
-    weighs 0."""
+def stacked_batch(
+    data: TaskData, indices: list[np.ndarray], shape: tuple[int, int] | None = None
+) -> tuple[torch.Tensor, ...]:
+    """The K trials' batches as (K, B, T) tensors, (B, T) the largest of them or `shape`; a padding row is [CLS]
+    alone and weighs 0."""
     batches = [data.train.batch(index) for index in indices]
-    rows, width = max(len(i) for i in indices), max(b[0].shape[1] for b in batches)
+    rows, width = shape or (max(len(i) for i in indices), max(b[0].shape[1] for b in batches))
     K = len(batches)
     ids = torch.full((K, rows, width), PAD_ID, dtype=torch.long)
     ids[:, :, 0] = CLS_ID
@@ -86,6 +95,19 @@ def stacked_batch(data: TaskData, indices: list[np.ndarray]) -> tuple[torch.Tens
         n, t = batch_ids.shape
         ids[k, :n, :t], labels[k, :n], weights[k, :n] = batch_ids, batch_labels, 1.0
     return ids, ids != PAD_ID, labels, weights
+
+
+def resolve_step(step: str, device: torch.device) -> str:
+    """finetune.step on `device`: "auto" is cuda_graphs on a GPU, else dynamic; CUDA graphs on a CPU are static."""
+    if step == "auto":
+        return "cuda_graphs" if device.type == "cuda" else "dynamic"
+    return "static" if step == "cuda_graphs" and device.type != "cuda" else step
+
+
+def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch on `device`; to a GPU from pinned memory without waiting, so the host prepares the next step
+    while the GPU computes this one."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 def run_trials(
@@ -102,6 +124,7 @@ def run_trials(
         raise ValueError("run_trials: the trials of one call share the batch size and the epochs")
     started = time.perf_counter()
     precision = resolve_precision(settings.precision, device)
+    step_kind = resolve_step(settings.step, device)
     models = []
     for seed in seeds:
         torch.manual_seed(seed)  # the head's initialisation, as run_trial
@@ -117,13 +140,29 @@ def run_trials(
     total = math.ceil(len(data.train) / batch_size) * epochs
     peaks = torch.tensor([hp.lr for hp in hps], device=device)
     warmups = [round(hp.warmup * total) for hp in hps]
+    schedule = torch.tensor([[schedule_factor(s, w, total) for w in warmups] for s in range(total)], device=device)
 
     def trial_loss(p, b, ids, mask, labels, weights):
         logits = functional_call(base, (p, b), (ids, mask))
         rows = base.loss(logits, labels, reduction="none")
         return (rows * weights).sum() / weights.sum()
 
+    def update(lrs: torch.Tensor) -> None:
+        if settings.clip_norm > 0:
+            clip_per_trial(params, settings.clip_norm)
+        optimizer.step(lrs)
+
     step_losses = vmap(trial_loss, randomness="different")
+    shape = None  # dynamic: each step's batches as they come
+    if step_kind != "dynamic":  # one shape for every step, so that each function compiles once, whole
+        shape = (batch_size, int(data.train.lengths.max()))
+        mode = None
+        if step_kind == "cuda_graphs":
+            mode = "reduce-overhead"
+            for t in (*params.values(), *buffers.values()):
+                torch._dynamo.mark_static_address(t)  # the graphs read the weights in place, not a copy a step
+        step_losses = torch.compile(step_losses, fullgraph=True, dynamic=False, mode=mode)
+        update = torch.compile(update, fullgraph=True, dynamic=False)  # in place on the weights: no CUDA graph
     base.train()  # always: the trials are evaluated on `evaluator`
     histories: list[list[dict]] = [[] for _ in hps]
     step = 0
@@ -131,16 +170,15 @@ def run_trials(
         losses = []
         orders = [train_batches(data.train.lengths, batch_size, rng, settings.group_by_length) for rng in rngs]
         for indices in zip(*orders):
-            ids, mask, labels, weights = (t.to(device) for t in stacked_batch(data, list(indices)))
+            ids, mask, labels, weights = (on_device(t, device) for t in stacked_batch(data, list(indices), shape))
             with autocast(device, precision):
                 loss = step_losses(params, buffers, ids, mask, labels, weights)  # (K,)
             loss.sum().backward()  # the trials share no weight: each gets its own gradient
-            if settings.clip_norm > 0:
-                clip_per_trial(params, settings.clip_norm)
-            factors = [schedule_factor(step, w, total) for w in warmups]
-            optimizer.step(peaks * torch.tensor(factors, device=device))
+            update(peaks * schedule[step])
+            for p in params.values():
+                p.grad = None
             step += 1
-            losses.append(loss.detach())
+            losses.append(loss.detach().clone())  # a CUDA graph's output is overwritten by its next replay
         train_loss = torch.stack(losses).mean(0).tolist()
         for k, history in enumerate(histories):
             evaluated = {}

@@ -46,6 +46,7 @@ class TrialSettings:
     group_by_length: bool
     squad: SquadSettings
     precision: str = "auto"  # resolved on the trial's own device (a Ray worker may have a GPU)
+    step: str = "auto"  # of trials trained together (finetune/batched.py); resolved on their device too
 
     @classmethod
     def of(cls, cfg: FinetuneConfig) -> "TrialSettings":
@@ -59,6 +60,7 @@ class TrialSettings:
             cfg.group_by_length,
             cfg.squad,
             cfg.precision,
+            cfg.step,
         )
 
 
