@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from electralab.env import source_commit  # noqa: E402
+
 OUT = ROOT / "bench" / "out" / "dead_phase"
 STEPS = 8000  # the tiny preset's main-row budget
 LEFT = 0.02  # the guard's min_base_rate_gain: the detector has left the base rate
@@ -158,15 +160,6 @@ def project_relative(path: str) -> str:
         return path
 
 
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True)
-        return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "") if head.returncode == 0 else "?"
-    except OSError:  # no git on the machine
-        return "?"
-
-
 def run_point(args) -> None:
     """One point in this process: the trace, written to its file (atomically) unless it failed to start."""
     import torch
@@ -224,7 +217,7 @@ def run_point(args) -> None:
         "precision": resolve_precision("auto", device),
         "threads": args.threads,
         "load_at_start": load,
-        "commit": args.commit or commit(),
+        "commit": args.commit or source_commit(ROOT),
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     write_json(args.out / "points" / f"{name}.json", record)
@@ -274,7 +267,7 @@ def run(args) -> None:
     running: list[subprocess.Popen] = []
     started: dict[str, subprocess.Popen] = {}
     base = [sys.executable, __file__, "--out", str(args.out), "point", "--steps", str(args.steps)]
-    base += ["--every", str(args.every), "--threads", str(threads), "--commit", commit()]
+    base += ["--every", str(args.every), "--threads", str(threads), "--commit", source_commit(ROOT)]
     base += ["--data", str(args.data)] if args.data else []
     base += ["--stop-at", str(args.stop_at)] if args.stop_at else []
     for item in args.set:

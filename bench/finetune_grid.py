@@ -48,7 +48,7 @@ from train_step import sync  # noqa: E402
 
 from electralab.config import load_params  # noqa: E402
 from electralab.data.vocab import Tokenizer  # noqa: E402
-from electralab.env import data_root  # noqa: E402
+from electralab.env import data_root, source_commit  # noqa: E402
 from electralab.errors import EXPECTED_ERRORS, ConfigError  # noqa: E402
 from electralab.export import load_encoder  # noqa: E402
 from electralab.finetune.batched import resolve_step, run_trials  # noqa: E402
@@ -160,6 +160,7 @@ def main() -> None:
         "precision": precision,
         "step": step,
         "seeds": seeds,
+        "commit": source_commit(ROOT),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     rows = []

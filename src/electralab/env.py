@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from electralab.errors import ConfigError
@@ -54,3 +55,18 @@ def data_root() -> Path | None:
             f"docs/data.md describes"
         )
     return path
+
+
+def source_commit(root: Path | None = None) -> str:
+    """The checkout's short commit (of `root`, else repo_root()), "+changes" when its tracked files differ from it;
+    "unknown" where git or the repository is missing (a copy of the tree on another machine): a result's provenance."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(["git", *args], cwd=root or repo_root(), capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    sha = git("rev-parse", "--short", "HEAD") or "unknown"
+    return sha + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from electralab.config import load_params
-from electralab.env import repo_root
+from electralab.env import repo_root, source_commit
 from electralab.errors import ConfigError, DataError
 from electralab.io import atomic_dir, read_json, write_json
 from electralab.report import stem
@@ -44,7 +43,7 @@ def take(reports: Path, out: Path) -> dict:
         )
     taken = {
         "taken_utc": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M}",
-        "commit": commit(),
+        "commit": source_commit(),
         "from": str(reports),
         "command": "make results",
     }
@@ -54,16 +53,6 @@ def take(reports: Path, out: Path) -> dict:
             (shutil.copytree if source.is_dir() else shutil.copy2)(source, tmp / name)
         write_json(tmp / "snapshot.json", taken)
     return taken
-
-
-def commit() -> str:
-    """The checkout's commit, "+changes" when its tracked files differ from it."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=repo_root(), capture_output=True, text=True).stdout.strip()
-
-    sha = git("rev-parse", "--short", "HEAD") or "unknown"
-    return sha + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 # --- rendering (from the snapshot's files alone) --------------------------------------------------------------
