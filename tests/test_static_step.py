@@ -20,11 +20,12 @@ from electralab import CLS_ID, PAD_ID, SEP_ID
 from electralab.batch import Batch
 from electralab.config import load_params
 from electralab.data.masking import mask_tokens
-from electralab.model.encoder import set_dropout
+from electralab.model.encoder import Encoder, set_dropout
 from electralab.objectives import build_objective
 from electralab.objectives.common import set_static
 from electralab.objectives.positions import Positions, predictions_per_row
 from electralab.runs import resolve_run
+from electralab.train.loop import training_step
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = load_params(ROOT / "params.yaml")
@@ -152,6 +153,25 @@ def test_every_ablations_static_step_compiles_as_one_graph(run_name):
     set_static(objective)
     out = torch.compile(objective, fullgraph=True, backend="eager")(batch_for(run, vocab, rows=2, length=64))
     assert torch.isfinite(out.loss)
+
+
+@pytest.mark.compile
+def test_the_loops_static_step_compiles_once(monkeypatch):
+    """The loop's compiled step (train/loop.py, training_step) finds every encoder's relative-position buckets
+    cached (Encoder.cache_length): cached while torch.compile traced, they changed the step's guards, and the
+    first two steps compiled twice."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    objective, run, vocab = objective_of("electra")
+    assert all(e.relative_bias is not None for e in objective.modules() if isinstance(e, Encoder))
+    compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile(model, fullgraph=True, backend="eager"))
+    kind, step = training_step(objective, dataclasses.replace(run.pretrain, step="static"), torch.device("cpu"), 64)
+    for seed in range(3):
+        assert torch.isfinite(
+            step(batch_for(run, vocab, rows=2, length=64, seed=seed), progress=torch.tensor(0.5)).loss
+        )
+    assert kind == "static" and torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
 def test_the_static_positions_refuse_a_row_with_more_targets_than_their_bound():
