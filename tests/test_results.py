@@ -107,3 +107,23 @@ def test_no_report_a_missing_block_or_an_unknown_table_is_one_clear_error(tmp_pa
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match=r"error: reports/built.json not found: build the report first"):
         main(["--tables", *HEADLINE])
+
+
+def test_a_results_commit_names_the_checkout_and_says_when_its_tracked_files_differ(tmp_path):
+    """electralab.env.source_commit, every result's `commit` (the snapshot, the benches, the GPU sprint's source)."""
+    import subprocess
+
+    from electralab.env import source_commit
+
+    assert source_commit(tmp_path) == "unknown"  # a copy of the tree without git
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    (tmp_path / "a.txt").write_text("a")
+    for cmd in (["init", "-q"], ["add", "a.txt"], ["commit", "-qm", "a"]):
+        subprocess.run([*git, *cmd], cwd=tmp_path, check=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "untracked.txt").write_text("not the source")
+    assert source_commit(tmp_path, full=True) == sha and sha.startswith(source_commit(tmp_path))
+    (tmp_path / "a.txt").write_text("changed")
+    changed = source_commit(tmp_path)
+    assert changed.endswith("+changes") and sha.startswith(changed.removesuffix("+changes"))
+    assert source_commit(tmp_path, full=True) == sha + "+changes"

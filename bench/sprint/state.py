@@ -10,10 +10,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import tarfile
 from pathlib import Path
 
+from electralab.env import source_commit
 from electralab.errors import ConfigError, DataError
 from electralab.io import atomic_dir, atomic_file, read_json, write_json
 from sprint import extract, state_dir
@@ -84,13 +84,4 @@ def restore(source: Path, root: Path) -> Path:
 
 def write_source(root: Path) -> None:
     """The commit of this checkout (the GPU machine's copy has no .git): tracked runs carry it as git_sha."""
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-
-    sha = git("rev-parse", "HEAD") or "unknown"
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    write_json(state_dir(root) / "source.json", {"git_sha": sha + ("-dirty" if dirty else "")})
+    write_json(state_dir(root) / "source.json", {"git_sha": source_commit(root, full=True)})

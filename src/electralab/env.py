@@ -57,16 +57,18 @@ def data_root() -> Path | None:
     return path
 
 
-def source_commit(root: Path | None = None) -> str:
-    """The checkout's short commit (of `root`, else repo_root()), "+changes" when its tracked files differ from it;
-    "unknown" where git or the repository is missing (a copy of the tree on another machine): a result's provenance."""
+def git_output(*args: str, root: Path | None = None) -> str:
+    """What `git <args>` prints in `root` (else repo_root()), stripped; "" where git, the repository or the command
+    fails (a copy of the tree on another machine)."""
+    try:
+        done = subprocess.run(["git", *args], cwd=root or repo_root(), capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
 
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(["git", *args], cwd=root or repo_root(), capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-        return done.stdout.strip() if done.returncode == 0 else ""
 
-    sha = git("rev-parse", "--short", "HEAD") or "unknown"
-    return sha + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+def source_commit(root: Path | None = None, *, full: bool = False) -> str:
+    """The checkout's commit (short, or all 40 digits), "+changes" when its tracked files differ from it; "unknown"
+    where git or the repository is missing: a result's provenance."""
+    sha = git_output("rev-parse", *([] if full else ["--short"]), "HEAD", root=root) or "unknown"
+    return sha + ("+changes" if git_output("status", "--porcelain", "--untracked-files=no", root=root) else "")

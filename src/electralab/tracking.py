@@ -19,12 +19,11 @@ import functools
 import importlib.util
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from electralab.env import repo_root, store_root
+from electralab.env import git_output, store_root
 from electralab.errors import ConfigError
 
 EXPERIMENT_PREFIX = "electralab-"
@@ -175,14 +174,9 @@ def ensure_mlflow_experiment(name: str, uri: str | None = None) -> str:
 
 
 def git_sha() -> str:
-    """The commit that runs; $ELECTRALAB_GIT_SHA where the copy has no .git (the GPU sprint's)."""
-    if os.environ.get("ELECTRALAB_GIT_SHA"):
-        return os.environ["ELECTRALAB_GIT_SHA"]
-    try:
-        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return proc.stdout.strip() if proc.returncode == 0 else "unknown"  # "unknown": no commit yet
+    """The commit that runs; $ELECTRALAB_GIT_SHA where the copy has no .git (the GPU sprint's). No "+changes":
+    `dvc repro` itself rewrites the tracked dvc.lock between stages."""
+    return os.environ.get("ELECTRALAB_GIT_SHA") or git_output("rev-parse", "HEAD") or "unknown"
 
 
 def run_tags(
