@@ -166,11 +166,12 @@ def trace(
     os.environ["ELECTRALAB_RUNLOG"] = str(out / "runlog" / name)
     print(f"{name}: {' '.join(sets) or 'the preset as it is'}; load {os.getloadavg()[0]:.1f}", flush=True)
     began, error, paused = time.perf_counter(), None, False
+    minutes = None  # the loop's own training time, summed over every resume of the run; else this process's
     try:
         summary = pretrain(
             run, shards, out / "models" / name, out / "scratch" / name, vocab_dir=vocab, show_progress=False, stop=stop
         )
-        paused = bool(summary.get("paused"))
+        paused, minutes = bool(summary.get("paused")), summary["wall_hours"] * 60
     except Exception as e:  # a failed run (a diverged loss) still has its trace
         error = f"{type(e).__name__}: {e}"
     (logged,) = read_runs(Path(os.environ["ELECTRALAB_RUNLOG"]))
@@ -189,7 +190,7 @@ def trace(
         "guard_after": guard.after,
         "error": error,
         "paused": paused,
-        "minutes": (time.perf_counter() - began) / 60,
+        "minutes": minutes if minutes is not None else (time.perf_counter() - began) / 60,
         "encoder": str(out / "models" / name / "encoder"),
         "pretrain_cfg": run.pretrain,
         "finetune_cfg": resolved.active.finetune,

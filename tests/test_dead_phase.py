@@ -145,13 +145,20 @@ def test_a_point_runs_records_its_trace_and_is_not_run_again(tmp_path, shards_di
     assert again.returncode == 0 and "1 of 1 points done; 0 to run" in again.stdout
 
 
-@pytest.mark.parametrize("folder, marker", [("dead_phase", "dead_phase table"), ("dead_phase_signal", "signal table")])
-def test_the_findings_page_shows_the_committed_points_as_the_bench_renders_them(capsys, folder, marker):
+@pytest.mark.parametrize(
+    "folder, page, marker",
+    [
+        ("dead_phase", "findings.md", "dead_phase table"),
+        ("dead_phase_signal", "findings.md", "signal table"),
+        ("controlled", "reproducing.md", "controlled table"),
+    ],
+)
+def test_the_docs_show_the_committed_points_as_the_bench_renders_them(capsys, folder, page, marker):
     import argparse
 
     dead_phase.table(argparse.Namespace(out=ROOT / "results" / folder))
     rendered = capsys.readouterr().out.strip()
-    page = (ROOT / "docs" / "findings.md").read_text()
-    shown = page.split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- end {marker} -->", 1)[0]
-    assert shown.strip() == rendered, f"docs/findings.md: run `python bench/dead_phase.py --out results/{folder} table`"
-    assert rendered.count("\n| electra |") >= {"dead_phase": 16, "dead_phase_signal": 2}[folder]
+    text = (ROOT / "docs" / page).read_text()
+    shown = text.split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- end {marker} -->", 1)[0]
+    assert shown.strip() == rendered, f"docs/{page}: run `python bench/dead_phase.py --out results/{folder} table`"
+    assert rendered.count("\n| electra |") >= {"dead_phase": 16, "dead_phase_signal": 2, "controlled": 1}[folder]
