@@ -157,16 +157,16 @@ def test_every_ablations_static_step_compiles_as_one_graph(run_name):
 
 @pytest.mark.compile
 def test_the_loops_static_step_compiles_once(monkeypatch):
-    """The loop's compiled step (train/loop.py, training_step) finds every encoder's relative-position buckets
-    cached (Encoder.cache_length): cached while torch.compile traced, they changed the step's guards, and the
-    first two steps compiled twice."""
+    """The loop's compiled step (train/loop.py, training_step) compiles once: the relative-position buckets, once
+    cached on the module while torch.compile traced, changed the step's guards, and the first two steps compiled
+    twice (model/encoder.py, RelativePositionBias.buckets)."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     objective, run, vocab = objective_of("electra")
     assert all(e.relative_bias is not None for e in objective.modules() if isinstance(e, Encoder))
-    compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile(model, fullgraph=True, backend="eager"))
-    kind, step = training_step(objective, dataclasses.replace(run.pretrain, step="static"), torch.device("cpu"), 64)
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, fullgraph=True, backend="eager"))
+    kind, step = training_step(objective, dataclasses.replace(run.pretrain, step="static"), torch.device("cpu"))
     for seed in range(3):
         assert torch.isfinite(
             step(batch_for(run, vocab, rows=2, length=64, seed=seed), progress=torch.tensor(0.5)).loss

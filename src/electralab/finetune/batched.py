@@ -156,7 +156,6 @@ def run_trials(
     shape = None  # dynamic: each step's batches as they come
     if step_kind != "dynamic":  # one shape for every step, so that each function compiles once, whole
         shape = (batch_size, int(data.train.lengths.max()))
-        base.encoder.cache_length(shape[1], device)
         mode = None
         if step_kind == "cuda_graphs":
             mode = "reduce-overhead"

@@ -104,14 +104,17 @@ class RelativePositionBias(nn.Module):
         self._buckets: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def buckets(self, length: int, device: torch.device) -> torch.Tensor:
-        """The (T, T) bucket map, computed once per length: it depends on nothing else."""
+        """The (T, T) bucket map, computed once per length: it depends on nothing else. Inside a compiled graph it
+        is computed in the graph (a few elementwise operators) and never cached: a map cached while torch.compile
+        traces changes the module's state under the graph's guards, and the step would compile twice."""
         key = (length, device)
-        if key not in self._buckets:
-            pos = torch.arange(length, device=device)
-            self._buckets[key] = relative_position_bucket(
-                pos[None, :] - pos[:, None], self.num_buckets, self.max_distance
-            )
-        return self._buckets[key]
+        if key in self._buckets and not torch.compiler.is_compiling():
+            return self._buckets[key]
+        pos = torch.arange(length, device=device)
+        buckets = relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets, self.max_distance)
+        if not torch.compiler.is_compiling():
+            self._buckets[key] = buckets
+        return buckets
 
     def forward(self, length: int, device: torch.device) -> torch.Tensor:
         return self.bias(self.buckets(length, device)).permute(2, 0, 1).unsqueeze(0)  # (1, heads, T, T)
@@ -276,13 +279,6 @@ class Encoder(nn.Module):
             shared_layers=layers,
             final_norm=final_norm,
         )
-
-    def cache_length(self, length: int, device: torch.device) -> None:
-        """Compute now what a sequence length alone decides (the relative-position buckets). A compiled step should
-        find it cached: one cached while torch.compile traces changes the step's guards, and it compiles twice."""
-        if self.relative_bias is not None:
-            concrete = torch.empty(0, device=device).device  # "cuda" -> "cuda:0", as an input's .device reads
-            self.relative_bias.buckets(length, concrete)
 
     def attention_bias(
         self, attention_mask: torch.Tensor | None, length: int, device: torch.device

@@ -34,7 +34,7 @@ from electralab.data.shards import read_shards_manifest
 from electralab.errors import ConfigError, DataError, RepresentationCollapsed, TrainingDiverged
 from electralab.export import save_encoder
 from electralab.io import atomic_dir, fingerprint, write_json
-from electralab.model.encoder import Encoder, count_parameters, set_dropout
+from electralab.model.encoder import count_parameters, set_dropout
 from electralab.objectives import Objective, build_objective
 from electralab.objectives.common import set_static
 from electralab.runs import ResolvedRun
@@ -84,8 +84,7 @@ def pretrain(
     accumulation = accumulation_steps(cfg, dist.world_size)
     manifest = read_shards_manifest(shards_dir)  # a DataError naming the file when missing or corrupt
     vocab_size = int(manifest["vocab_size"])
-    seq_len = int(manifest["seq_len"])
-    short_until = short_steps(cfg, seq_len, run.name)  # rows cut short before this step
+    short_until = short_steps(cfg, int(manifest["seq_len"]), run.name)  # rows cut short before this step
     checkpointer = Checkpointer(scratch_dir, fingerprint(run.as_params(), manifest.get("config_hash"), dist.world_size))
 
     torch.manual_seed(run.seed)  # identical initial weights on every rank
@@ -93,7 +92,7 @@ def pretrain(
     if cfg.dropout is not None:
         set_dropout(objective, cfg.dropout)  # pretraining only: the export keeps the model's dropout
     model = wrap_ddp(objective, device) if dist.world_size > 1 else objective
-    step_kind, step_module = training_step(model, cfg, device, seq_len)  # the module each micro-batch calls
+    step_kind, step_module = training_step(model, cfg, device)  # the module each micro-batch calls
     optimizer = make_optimizer(objective, cfg)
     schedule = make_schedule(optimizer, cfg)
     loader = PretrainLoader(
@@ -142,7 +141,7 @@ def pretrain(
     if heldout is not None and step == 0:  # the diagnostics at initialisation: the baseline of every curve
         tracker.log({f"heldout_{k}": v for k, v in heldout.measure(objective, precision).items()}, 0)
 
-    tokens_per_step = cfg.batch_size * seq_len
+    tokens_per_step = cfg.batch_size * int(manifest["seq_len"])
     fraction_steps: dict[int, list[float]] = {}  # two fractions of a short run can fall on one step
     for f in cfg.checkpoint_fractions:
         fraction_steps.setdefault(max(1, round(f * cfg.steps)), []).append(f)
@@ -376,21 +375,16 @@ def short_steps(cfg: PretrainConfig, seq_len: int, run_name: str) -> int:
     return round(cfg.short_seq_until * cfg.steps)
 
 
-def training_step(
-    model: torch.nn.Module, cfg: PretrainConfig, device: torch.device, seq_len: int
-) -> tuple[str, Callable]:
+def training_step(model: torch.nn.Module, cfg: PretrainConfig, device: torch.device) -> tuple[str, Callable]:
     """The step pretrain.step asks for ("auto" resolved) and what the loop calls for it: the model itself
     (dynamic; DDP's wrapper with several ranks), or the objective in its static form compiled whole
-    (objectives/positions.py; one rank, PretrainConfig.check), every encoder's buckets for the rows' `seq_len`
-    cached first (Encoder.cache_length: else it compiles twice; the static step takes no short rows)."""
+    (objectives/positions.py; one rank, PretrainConfig.check)."""
     kind = cfg.step
     if kind == "auto":
         kind = "cuda_graphs" if device.type == "cuda" and cfg.num_workers == 1 else "dynamic"
     if kind == "dynamic":
         return kind, model
     set_static(model)
-    for encoder in (m for m in model.modules() if isinstance(m, Encoder)):
-        encoder.cache_length(seq_len, device)
     return kind, torch.compile(model, fullgraph=True, mode="reduce-overhead" if kind == "cuda_graphs" else None)
 
 

@@ -57,7 +57,7 @@ def probe(run: ResolvedRun, shards_dir: Path, seconds: float, clock: Callable[[]
         )
     )
     objective.train()
-    kind, module = training_step(objective, cfg, device, int(manifest["seq_len"]))
+    kind, module = training_step(objective, cfg, device)
     progress = torch.full((), 0.5, device=device)
     flops = 0
 
