@@ -20,7 +20,8 @@ its gain over the base rate (RTD, or COCO-LM's copy head) stays at the guard's 0
 Each point (method, candidate, seed) is one process and one file, `--out/points/<method>-<candidate>-s<seed>.json`
 (the trace, where the detector left the base rate, the machine, precision, load and commit); a point with a
 file is done, so `run` resumes where it stopped. A point stopped by `--minutes` keeps its partial trace
-(`"paused": true`) and is not done: the next `run` runs it again.
+(`"paused": true`) and is not done: the next `run` carries it on from its checkpoint. One paused by `--stop-at N`
+(the loop's step, resumes included) is done for that N; a `run` with a later N, or none, carries it on.
 """
 
 from __future__ import annotations
@@ -172,11 +173,9 @@ def run_point(args) -> None:
     torch.set_num_threads(args.threads)
     sets, steps = point_sets(args.candidate, args.steps, args.set, args.seed)
     deadline = float(os.environ.get("DEAD_PHASE_DEADLINE", "inf"))
-    taken = [0]  # the loop asks `stop` once after every step: --stop-at counts them
 
-    def stop() -> bool:
-        taken[0] += 1
-        return time.time() >= deadline or (args.stop_at is not None and taken[0] >= args.stop_at)
+    def stop(step: int) -> bool:  # asked after every step; --stop-at is the loop's step, resumes included
+        return time.time() >= deadline or (args.stop_at is not None and step >= args.stop_at)
 
     data = (args.data / "shards", args.data / "vocab") if args.data else None
     name = point_name(args.method, args.candidate, args.seed)
@@ -206,7 +205,7 @@ def run_point(args) -> None:
         "left_at": left_at(result["trace"]),
         "first_at": first_at(result["trace"]),
         "stop_at": args.stop_at,
-        "stopped_at": taken[0],
+        "stopped_at": result["steps"],
         "trace": result["trace"],
         "guard_stops_at": result["guard_stops_at"],
         "error": result["error"],
@@ -253,10 +252,10 @@ def run(args) -> None:
     unknown = sorted({c for _, c, _ in wanted} - set(CANDIDATES))
     if unknown:
         sys.exit(f"error: unknown candidate(s) {unknown}; choose from {sorted(CANDIDATES)}")
-    done = {  # a point paused by the clock runs again; one stopped by its --stop-at is done
+    done = {  # a paused point runs on, unless it has reached this --stop-at
         point_name(p["method"], p["candidate"], p["seed"])
         for p in load_points(args.out)
-        if not p.get("paused") or (p.get("stop_at") and p["stopped_at"] >= p["stop_at"])
+        if not p.get("paused") or (args.stop_at and p["stopped_at"] >= args.stop_at)
     }
     todo = [w for w in wanted if point_name(*w) not in done]
     print(f"{len(wanted) - len(todo)} of {len(wanted)} points done; {len(todo)} to run, {args.parallel} at a time")
@@ -441,7 +440,7 @@ def main() -> None:
         p.add_argument("--every", type=int, default=250, help="steps between held-out checks")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every point")
         p.add_argument("--data", type=Path, help="a folder with shards/ and vocab/ (default: the preset's, built)")
-        p.add_argument("--stop-at", type=int, help="stop after this many steps (the schedule stays the --steps one)")
+        p.add_argument("--stop-at", type=int, help="pause at this step of the loop (the schedule stays --steps')")
     pt.add_argument("--method", required=True)
     pt.add_argument("--candidate", required=True, choices=sorted(CANDIDATES))
     pt.add_argument("--seed", type=int, default=1)

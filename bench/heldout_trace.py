@@ -145,8 +145,9 @@ def trace(
     """Pretrain the active preset's run `run_name` with `sets` (KEY=VALUE) for `steps` steps, the guard
     measuring every `every` steps without stopping it. Returns the trace ({step: diagnostics}), where the
     budget's guard would have stopped it, the error (a diverged run still has its trace), the encoder's
-    directory, the minutes and the resolved pretraining and fine-tuning settings. `data`: (shards, vocab) already built
-    (else the preset's, built once under bench/out/signal_sweep); `stop`: the loop's pause callback.
+    directory, the step it reached (None if it failed), the minutes and the resolved pretraining and fine-tuning
+    settings. `data`: (shards, vocab) already built (else the preset's, built once under bench/out/signal_sweep);
+    `stop`: the loop's pause callback (a function of the step just taken).
     A ConfigError names a bad --set before any training."""
     from signal_sweep import build_data
 
@@ -165,13 +166,13 @@ def trace(
     os.environ.setdefault("ELECTRALAB_TRACKING", "file")
     os.environ["ELECTRALAB_RUNLOG"] = str(out / "runlog" / name)
     print(f"{name}: {' '.join(sets) or 'the preset as it is'}; load {os.getloadavg()[0]:.1f}", flush=True)
-    began, error, paused = time.perf_counter(), None, False
+    began, error, paused, reached = time.perf_counter(), None, False, None
     minutes = None  # the loop's own training time, summed over every resume of the run; else this process's
     try:
         summary = pretrain(
             run, shards, out / "models" / name, out / "scratch" / name, vocab_dir=vocab, show_progress=False, stop=stop
         )
-        paused, minutes = bool(summary.get("paused")), summary["wall_hours"] * 60
+        paused, reached, minutes = bool(summary.get("paused")), summary["steps"], summary["wall_hours"] * 60
     except Exception as e:  # a failed run (a diverged loss) still has its trace
         error = f"{type(e).__name__}: {e}"
     (logged,) = read_runs(Path(os.environ["ELECTRALAB_RUNLOG"]))
@@ -190,6 +191,7 @@ def trace(
         "guard_after": guard.after,
         "error": error,
         "paused": paused,
+        "steps": reached,
         "minutes": minutes if minutes is not None else (time.perf_counter() - began) / 60,
         "encoder": str(out / "models" / name / "encoder"),
         "pretrain_cfg": run.pretrain,

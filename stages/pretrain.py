@@ -49,7 +49,9 @@ def main(params: Params, args) -> None:
         from electralab.train.loop import pretrain
 
         # A stop signal ends the run after its current step, checkpointed (electralab.cli: STOP).
-        summary = pretrain(run, args.shards, args.out, args.checkpoints, vocab_dir=args.vocab, stop=STOP.requested)
+        summary = pretrain(
+            run, args.shards, args.out, args.checkpoints, vocab_dir=args.vocab, stop=lambda step: STOP.requested()
+        )
         if summary.get("paused"):
             name = signal.Signals(STOP.signum).name
             raise Stopped(f"stopped by {name} at step {summary['steps']} of {run.pretrain.steps}", STOP.signum)

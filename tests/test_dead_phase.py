@@ -134,7 +134,14 @@ def test_a_point_runs_records_its_trace_and_is_not_run_again(tmp_path, shards_di
     small += ["--set", "generators.electra={hidden: 16, heads: 1, ffn: 32}", "--set", "pretrain.micro_batch_size=4"]
     small += ["--set", "pretrain.batch_size=4"]
     args = ["run", "--candidates", "pre_ln", "--steps", "6", "--every", "3", "--data", str(data), *small]
-    first = sweep(*args, out=tmp_path / "sweep")
+    for stop_at in (2, 4):  # --stop-at is the loop's step: the resumed point pauses at 4, not 2 + 4 steps
+        paused = sweep(*args, "--stop-at", str(stop_at), out=tmp_path / "sweep")
+        assert paused.returncode == 0, paused.stderr[-2000:]
+        point = json.loads((tmp_path / "sweep" / "points" / "electra-pre_ln-s1.json").read_text())
+        assert point["paused"] and point["stopped_at"] == stop_at and f"(stopped at {stop_at})" in paused.stdout
+    again = sweep(*args, "--stop-at", "4", out=tmp_path / "sweep")
+    assert again.returncode == 0 and "1 of 1 points done; 0 to run" in again.stdout
+    first = sweep(*args, out=tmp_path / "sweep")  # without --stop-at: on to the end
     assert first.returncode == 0, first.stderr[-2000:]
     point = json.loads((tmp_path / "sweep" / "points" / "electra-pre_ln-s1.json").read_text())
     assert point["sets"][:1] == ["model.norm=pre"] and point["steps"] == 6 and not point["paused"]

@@ -291,7 +291,7 @@ def test_pretrain_stop_pauses_with_a_checkpoint_and_resumes_exactly(shards_dir, 
     run_ = resolve_run(parse_params(raw), "electra")
     reference = pretrain(run_, shards_dir, tmp_path / "a", tmp_path / "sa", vocab_dir=vocab_dir, show_progress=False)
     paused = pretrain(
-        run_, shards_dir, tmp_path / "b", tmp_path / "sb", vocab_dir=vocab_dir, show_progress=False, stop=lambda: True
+        run_, shards_dir, tmp_path / "b", tmp_path / "sb", vocab_dir=vocab_dir, show_progress=False, stop=lambda _: True
     )
     assert paused["paused"] and paused["steps"] == 1
     assert (tmp_path / "sb" / "state.pt").is_file() and not (tmp_path / "b").exists()

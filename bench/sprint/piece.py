@@ -233,7 +233,7 @@ class Piece:
                 scratch,
                 vocab_dir=self.data / "vocab",
                 show_progress=False,
-                stop=lambda: self.now() >= limit,
+                stop=lambda step: self.now() >= limit,
             )
             if summary.get("paused"):
                 unit.update(status="paused", paused_at=summary["steps"])

@@ -8,9 +8,10 @@ and every `guard.every` steps measure held-out diagnostics and stop a collapsed 
 At the end the main encoder, the auxiliary (where others need it), the
 fraction checkpoints and a summary are written to out_dir in one atomic rename.
 
-With `stop` (a function checked after every step; one process only) the loop stops after the step at
-which it says True, with a checkpoint, and returns {"paused": True, "steps": ...}: the next call resumes
-there (the GPU sprint's commands end inside their time limit this way: stop=lambda: clock() >= deadline).
+With `stop` (a function of the step just taken, asked after every step; one process only) the loop stops after
+the step at which it says True, with a checkpoint, and returns {"paused": True, "steps": ...}: the next call
+resumes there (the GPU sprint's commands end inside their time limit this way: stop=lambda step: clock() >=
+deadline; bench/dead_phase.py's --stop-at at a step: stop=lambda step: step >= n).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def pretrain(
     vocab_dir: Path | None = None,
     dist: Dist = Dist(),
     show_progress: bool = True,
-    stop: Callable[[], bool] | None = None,
+    stop: Callable[[int], bool] | None = None,
 ) -> dict[str, Any]:
     if stop is not None and dist.world_size > 1:
         raise ValueError("pretrain: stop is for one process (ranks would stop at different steps)")
@@ -243,7 +244,7 @@ def pretrain(
                 so_far = elapsed + time.perf_counter() - window_start
                 for fraction in fraction_steps[step]:
                     save_fraction(checkpointer, objective, fraction, step, so_far, devices)
-            pause = stop is not None and step < cfg.steps and stop()
+            pause = stop is not None and step < cfg.steps and stop(step)
             if pause:  # the unlogged window's seconds still count towards the run's hours
                 elapsed += time.perf_counter() - window_start
             overdue = cfg.checkpoint_minutes and time.monotonic() - last_saved >= cfg.checkpoint_minutes * 60
