@@ -84,6 +84,8 @@ CANDIDATES = {
         f"short_{length}_{share}pct": (lambda length, share: lambda steps: short(length, share))(length, share)
         for length, share in ((16, 5), (16, 10), (16, 25), (32, 25), (32, 50), (64, 25), (64, 50))
     },
+    # The generator's task: flatter samples (ELECTRA's released `temperature`), easier to tell from context sooner?
+    **{f"temperature_{t}": (lambda t: lambda steps: [f"settings.temperature={t}"])(t) for t in (1.5, 2)},
     # Half the budget (its own schedule over half the steps), as it is and with the best short start.
     "half": lambda steps: [f"steps={steps // 2}"],
     # The first look's budget (a quarter of the steps, its own schedule): does STS-B clear the control there?
@@ -305,10 +307,11 @@ def table(args) -> None:
     points = load_points(args.out)
     print(
         "| method | candidate | seed | left the base rate for good at step | of the budget | tokens by then | "
-        "first at 0.02 | gain at the last check | attention entropy there | minutes | device, precision | "
+        "first at 0.02 | gain at the last check | on the unigram task there | attention entropy there | minutes | "
+        "device, precision | "
         "fine-tuned: signal (STS-B, MRPC, CoLA medians; fine-tuning seeds) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * 13 + "|")
     for p in sorted(points, key=lambda p: (p["method"], p["left_at"] or 1e9, p["candidate"], p["seed"])):
         last = p["trace"][max(p["trace"], key=int)] if p["trace"] else {}
         gain = next((last[k] for k in DETECTOR_GAINS if k in last), float("nan"))
@@ -325,7 +328,7 @@ def table(args) -> None:
         print(
             f"| {p['method']} | {p['candidate']}{state} | {p['seed']} | {left or '-'} | {share} | "
             f"{f'{left * tokens_per_step(p, preset) / 1e6:.1f}M' if left else '-'} | "
-            f"{p.get('first_at') or '-'} | {gain:.3f} | "
+            f"{p.get('first_at') or '-'} | {gain:.3f} | {last.get('detector_unigram_gain', float('nan')):.3f} | "
             f"{last.get('attention_entropy', float('nan')):.3f} | {p['minutes']:.1f} | "
             f"{p['device']}, {p['precision']} | {finetuned(p)} |"
         )

@@ -243,10 +243,12 @@ def test_sample_draws_from_the_softmax():
     assert (freq - P.double()).abs().max() < 0.01  # ~4 standard errors
 
 
-def test_electra_replacements_are_sampled_from_the_generator():
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_electra_replacements_are_sampled_from_the_generator(temperature):
     """With the generator head's LayerNorm zeroed its logits are its output bias alone: set that to
-    log p and the replaced tokens at masked positions must have frequencies p."""
-    obj = build_electra().eval()
+    log p and the replaced tokens at masked positions must have frequencies p, or p^(1/T) normalised at the
+    release's sampling temperature T."""
+    obj = build_electra(temperature=temperature).eval()
     with torch.no_grad():
         ln = obj.generator.head.transform[2]
         ln.weight.zero_(), ln.bias.zero_()
@@ -261,7 +263,8 @@ def test_electra_replacements_are_sampled_from_the_generator():
     drawn = torch.cat([r[batch.mlm_mask] for r in disc_inputs])
     assert len(drawn) > 5000 and drawn.min() >= 5 and drawn.max() <= 9
     freq = torch.bincount(drawn - 5, minlength=5).double() / len(drawn)
-    assert (freq - P.double()).abs().max() < 0.025  # ~4 standard errors
+    want = P.double() ** (1 / temperature)
+    assert (freq - want / want.sum()).abs().max() < 0.025  # ~4 standard errors
 
 
 # --------------------------------------------------------------------------------------------

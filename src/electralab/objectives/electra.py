@@ -46,6 +46,9 @@ class Settings:
     masking: MaskingConfig = field(default_factory=_electra_masking)
     rtd_weight: float = bounded(50.0, lo=0.0)  # lambda (ELECTRA Sec. 3.2)
     rtd_head: Literal["mlp", "linear"] = "mlp"  # ELECTRA's released head: dense -> GELU -> dense
+    # The release samples replacements from softmax(logits / temperature) (configure_pretraining.py `temperature`,
+    # 1.0; the paper: p_G itself). Above 1 the generator's samples are flatter, so easier to detect.
+    temperature: float = bounded(1.0, lo=1e-4)
 
 
 class Electra(Objective):
@@ -74,7 +77,7 @@ class Electra(Objective):
         logits = self.generator(batch, masked)  # (M, V)
         targets = masked.take(batch.input_ids)  # (M,)
         gen_loss = mlm_loss(logits, targets, masked)
-        replaced = masked.put(batch.input_ids, sample(logits))
+        replaced = masked.put(batch.input_ids, sample(logits / self.settings.temperature))
         is_replaced = replaced != batch.input_ids  # a lucky sample is "original"
         hidden = self.discriminator(replaced, batch.attention_mask)[-1]
         rtd_loss, metrics = rtd(self.rtd_head(hidden), is_replaced, self.per_token(batch.attention_mask))
