@@ -207,7 +207,7 @@ def run_point(args) -> None:
         "left_at": left_at(result["trace"]),
         "first_at": first_at(result["trace"]),
         "stop_at": args.stop_at,
-        "stopped_at": result["steps"],
+        "stopped_at": result["reached"],
         "trace": result["trace"],
         "guard_stops_at": result["guard_stops_at"],
         "error": result["error"],

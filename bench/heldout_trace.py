@@ -191,7 +191,7 @@ def trace(
         "guard_after": guard.after,
         "error": error,
         "paused": paused,
-        "steps": reached,
+        "reached": reached,
         "minutes": minutes if minutes is not None else (time.perf_counter() - began) / 60,
         "encoder": str(out / "models" / name / "encoder"),
         "pretrain_cfg": run.pretrain,

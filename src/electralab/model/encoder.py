@@ -107,14 +107,16 @@ class RelativePositionBias(nn.Module):
         """The (T, T) bucket map, computed once per length: it depends on nothing else. Inside a compiled graph it
         is computed in the graph (a few elementwise operators) and never cached: a map cached while torch.compile
         traces changes the module's state under the graph's guards, and the step would compile twice."""
+        if torch.compiler.is_compiling():
+            return self._bucket_map(length, device)
         key = (length, device)
-        if key in self._buckets and not torch.compiler.is_compiling():
-            return self._buckets[key]
+        if key not in self._buckets:
+            self._buckets[key] = self._bucket_map(length, device)
+        return self._buckets[key]
+
+    def _bucket_map(self, length: int, device: torch.device) -> torch.Tensor:
         pos = torch.arange(length, device=device)
-        buckets = relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets, self.max_distance)
-        if not torch.compiler.is_compiling():
-            self._buckets[key] = buckets
-        return buckets
+        return relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets, self.max_distance)
 
     def forward(self, length: int, device: torch.device) -> torch.Tensor:
         return self.bias(self.buckets(length, device)).permute(2, 0, 1).unsqueeze(0)  # (1, heads, T, T)

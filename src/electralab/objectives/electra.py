@@ -77,7 +77,7 @@ class Electra(Objective):
         logits = self.generator(batch, masked)  # (M, V)
         targets = masked.take(batch.input_ids)  # (M,)
         gen_loss = mlm_loss(logits, targets, masked)
-        replaced = masked.put(batch.input_ids, sample(logits / self.settings.temperature))
+        replaced = masked.put(batch.input_ids, sample(logits, self.settings.temperature))
         is_replaced = replaced != batch.input_ids  # a lucky sample is "original"
         hidden = self.discriminator(replaced, batch.attention_mask)[-1]
         rtd_loss, metrics = rtd(self.rtd_head(hidden), is_replaced, self.per_token(batch.attention_mask))
