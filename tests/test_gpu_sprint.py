@@ -240,7 +240,7 @@ def test_a_method_longer_than_a_command_pauses_and_resumes_from_its_checkpoint(t
             "--pieces",
             "2",
             "--piece-seconds",
-            "10",
+            "20",
             "--grace-seconds",
             "2",
             "--probe-seconds",
@@ -248,13 +248,13 @@ def test_a_method_longer_than_a_command_pauses_and_resumes_from_its_checkpoint(t
             "--workers",
             "1",
             "--pretrain-seconds",
-            "14",
+            "24",
         ),
         project,
         env,
     )
     assert prep.returncode == 0, prep.stderr[-2000:]
-    calls = commands(project, without_servers(env, tmp_path), tmp_path, fresh_after=None)
+    calls = commands(project, without_servers(env, tmp_path), tmp_path, fresh_after=None, limit=8)
     text = "".join(c.proc.stdout for c in calls)
     assert "mlm paused at step" in text and "mlm: resuming from its checkpoint" in text
     plan = json.loads((project / ".sprint" / "state" / "plan.json").read_text())

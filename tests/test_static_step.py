@@ -85,7 +85,7 @@ def fixed_draws(monkeypatch):
     for name in ("electra", "cocolm", "amos", "teams"):
         module = importlib.import_module(f"electralab.objectives.{name}")
         if hasattr(module, "sample"):
-            monkeypatch.setattr(module, "sample", lambda logits: logits.argmax(-1))
+            monkeypatch.setattr(module, "sample", lambda logits, temperature=1.0: logits.argmax(-1))
         if hasattr(module, "gumbel_noise"):
             monkeypatch.setattr(module, "gumbel_noise", lambda like: torch.zeros_like(like, dtype=torch.float32))
         if hasattr(module, "random_tokens"):  # one token for every replacement
