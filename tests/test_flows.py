@@ -586,11 +586,20 @@ def test_ctrl_c_of_make_repro_stops_the_stage_and_the_command_in_one_line_each_a
         start_new_session=True,
     )
     output = []
-    for line in first.stdout:  # until fine-tuning has started
+    for line in first.stdout:  # until DVC starts fine-tuning
         output.append(line)
         if "> python stages/finetune.py control" in line:
             break
-    time.sleep(3)  # inside the stage: Ray started, trials queued
+    # Signal once the stage holds its lock (its stop handlers are in place by then), not a fixed time after DVC's
+    # line: DVC runs the stage under $SHELL, and dash (/bin/sh where SHELL is unset, as in CI) forks it rather than
+    # exec'ing it; a SIGINT that lands while dash forks never reaches the stage, which then runs its whole grid
+    # while dash waits, and exits -2 after it (CI, 28 Nov).
+    lock = project / ".electralab" / "locks" / "stage-finetune@control.lock"
+    deadline = time.monotonic() + FLOW_TIMEOUT
+    while not (lock.exists() and lock.read_text().startswith("pid ")):
+        assert first.poll() is None and time.monotonic() < deadline, "".join(output)[-3000:]
+        time.sleep(0.1)
+    time.sleep(2)  # inside the stage: its data and Ray starting
     os.killpg(first.pid, signal.SIGINT)
     output.append(first.stdout.read())
     assert first.wait(timeout=FLOW_TIMEOUT) == 130, "".join(output)[-3000:]
