@@ -12,7 +12,7 @@ its gain over the base rate (RTD, or COCO-LM's copy head) stays at the guard's 0
     # a few candidates on every method, four at a time on one GPU, stopping cleanly after 8 minutes
     python3 bench/dead_phase.py run --methods electra cocolm amos teams --candidates base pre_ln \\
         --set pretrain.use_gpu=true --parallel 4 --minutes 8 --data <dir with shards/ and vocab/>
-    # the encoders of finished points, fine-tuned as bench/signal_sweep.py does (STS-B, MRPC, CoLA, 5 seeds)
+    # the encoders of finished points, fine-tuned as bench/signal_sweep.py does (STS-B, MRPC, CoLA, 5 seeds; fp32)
     ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py finetune electra-pre_ln-s1
     # the controlled runs of a fair Table 1 (CONTROLS) and their methods' main rows, to the end of the budget
     ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py --out results/controlled run --controls
@@ -27,6 +27,7 @@ file is done, so `run` resumes where it stopped. A point stopped by `--minutes` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -215,7 +216,7 @@ def run_point(args) -> None:
         "minutes": result["minutes"],
         "encoder": project_relative(result["encoder"]),
         "device": machine(device),
-        "precision": resolve_precision("auto", device),
+        "precision": resolve_precision(result["pretrain_cfg"].precision, device),  # a --set may force one
         "threads": args.threads,
         "load_at_start": load,
         "commit": args.commit or source_commit(ROOT),
@@ -384,16 +385,21 @@ def finetuned(point: dict) -> str:
     present = [point["finetune"][t] for t in SIGNAL_TASKS if t in point["finetune"]]
     medians = ", ".join(f"{task['median']:.1f}" for task in present)
     seeds = min(len(task["seeds"]) for task in present)
-    return f"{signal(point, SIGNAL_TASKS)[0]:.1f} ({medians}; {seeds} seeds)"
+    # Points fine-tuned before this was recorded were fine-tuned where they were pretrained, at "auto" as well.
+    tuned_in = point.get("finetune_precision", point["precision"])
+    elsewhere = f", fine-tuned in {tuned_in}" if tuned_in != point["precision"] else ""
+    return f"{signal(point, SIGNAL_TASKS)[0]:.1f} ({medians}; {seeds} seeds{elsewhere})"
 
 
 def finetune(args) -> None:
+    import torch
     from signal_sweep import SIGNAL_TASKS, finetune_point
 
     from electralab.config import load_params
     from electralab.io import write_json
+    from electralab.train.common import resolve_precision
 
-    cfg = load_params(ROOT / "params.yaml").active.finetune
+    cfg = dataclasses.replace(load_params(ROOT / "params.yaml").active.finetune, precision=args.precision)
     for name in args.points:
         path = args.out / "points" / f"{name}.json"
         point = json.loads(path.read_text())
@@ -403,6 +409,7 @@ def finetune(args) -> None:
         point["finetune"] = scores
         point["finetune_minutes"] = (time.perf_counter() - started) / 60
         point["finetune_load"] = os.getloadavg()[0]
+        point["finetune_precision"] = resolve_precision(args.precision, torch.device("cpu"))  # the trials run here
         write_json(path, point)
         medians = {t: round(s["median"], 1) for t, s in scores.items()}
         print(f"{name}: {medians}, signal {sum(medians.values()) / len(medians):.1f}")
@@ -459,6 +466,9 @@ def main() -> None:
     f.add_argument("points", nargs="+", help="point names, e.g. electra-pre_ln-s1")
     f.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     f.add_argument("--encoder", type=Path, help="the encoder's directory, where it is not the point's own")
+    # fp32 by default: at this scale bf16 fine-tuning moved STS-B, a third of the signal, by up to 2.2x the seeds'
+    # deviation (docs/findings.md, "Precision: bf16 against fp32"), and the points are compared across machines.
+    f.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32", help="default: %(default)s")
     args = ap.parse_args()
     commands = {"run": run, "point": run_point, "table": table, "curves": curves, "finetune": finetune, "pack": pack}
     commands[args.command](args)

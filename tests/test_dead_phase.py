@@ -68,8 +68,12 @@ def test_every_candidate_is_a_list_of_sets_and_warmups_follow_the_budget():
 
 def test_a_fine_tuned_point_shows_its_signal_and_the_others_a_dash():
     scores = {"stsb": (70.0, [70.0, 71.0, 69.0]), "mrpc": (71.0, [71.0, 70.0, 72.0]), "cola": (0.0, [0.0, 0.0, 0.0])}
-    point = {"finetune": {t: {"median": m, "seeds": dict(enumerate(v, 1))} for t, (m, v) in scores.items()}}
-    assert dead_phase.finetuned(point) == "47.0 (70.0, 71.0, 0.0; 3 seeds)"
+    finetune = {t: {"median": m, "seeds": dict(enumerate(v, 1))} for t, (m, v) in scores.items()}
+    point = {"finetune": finetune, "precision": "fp32"}
+    assert dead_phase.finetuned(point) == "47.0 (70.0, 71.0, 0.0; 3 seeds)"  # fine-tuned where it was pretrained
+    assert dead_phase.finetuned({**point, "finetune_precision": "fp32"}) == "47.0 (70.0, 71.0, 0.0; 3 seeds)"
+    mixed = {**point, "finetune_precision": "bf16"}  # e.g. pretrained on a CPU without bf16, fine-tuned on one with
+    assert dead_phase.finetuned(mixed) == "47.0 (70.0, 71.0, 0.0; 3 seeds, fine-tuned in bf16)"
     assert dead_phase.finetuned({"trace": {}}) == "-"
 
 
