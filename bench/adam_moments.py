@@ -49,6 +49,10 @@ def main() -> None:
     from electralab.train.loop import make_optimizer
 
     state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or not {"model", "optimizer", "step"} <= state.keys():
+        sys.exit(f"{args.checkpoint}: not a pretraining checkpoint (no model, optimizer and step)")
+    if "tokens.weight" not in state["model"]:
+        sys.exit(f"{args.checkpoint}: its model has no tokens.weight, so the vocabulary size is unknown")
     run, _, _ = resolve(args.run, args.set, 8000, 250)  # steps and checks do not change the weights' shapes
     vocab_size = state["model"]["tokens.weight"].shape[0]
     objective = build_objective(run.method, run.settings, run.model, run.generators, vocab_size)

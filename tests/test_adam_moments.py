@@ -31,3 +31,17 @@ def test_weights_that_never_had_a_gradient_are_left_out_of_the_kept_share():
     state = {"exp_avg_sq": torch.tensor([0.0, 0.0, 1e-6, 1e-6]), "step": torch.tensor(1.0)}  # sqrt(v) 1e-3
     median, below, kept = adam_moments.damping(state, 1e-6, 0.0)
     assert below == 0.5 and abs(kept - 1e-3 / (1e-3 + 1e-6)) < 1e-6 and median == 0.0
+
+
+def test_a_file_that_is_not_a_pretraining_checkpoint_is_named_in_one_line(tmp_path):
+    import subprocess
+
+    script = str(ROOT / "bench" / "adam_moments.py")
+    for name, content in [
+        ("weights.pt", {"tokens.weight": torch.zeros(2, 2)}),
+        ("bare.pt", {"model": {}, "optimizer": {}, "step": 0}),
+    ]:
+        path = tmp_path / name
+        torch.save(content, path)
+        done = subprocess.run([sys.executable, script, str(path), "electra"], capture_output=True, text=True)
+        assert done.returncode == 1 and str(path) in done.stderr and "Traceback" not in done.stderr, done.stderr
