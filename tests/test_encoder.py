@@ -12,12 +12,14 @@ import torch
 from helpers import VOCAB, jitter, tiny_model
 
 from electralab.config import EncoderConfig, load_params
+from electralab.errors import ConfigError
 from electralab.model.encoder import (
     Dropout,
     Encoder,
     RelativePositionBias,
     SelfAttention,
     TransformerLayer,
+    alibi_slopes,
     count_parameters,
     dropout,
     make_token_embedding,
@@ -246,6 +248,31 @@ def test_depth_scaled_init_shrinks_only_the_residual_projections():
         assert float(layer.ffn_out.weight.std()) == pytest.approx(want, rel=0.1)
         assert float(layer.ffn_in.weight.std()) == pytest.approx(cfg.initializer_range, rel=0.1)
         assert float(ref.ffn_out.weight.std()) == pytest.approx(cfg.initializer_range, rel=0.1)
+
+
+def test_alibi_slopes_are_the_papers():
+    # Press et al. 2022's get_slopes: 2^(-8/n) to the powers 1..n; 12 heads: the 8's, then every other of 16's.
+    assert alibi_slopes(2) == [2**-4, 2**-8] and alibi_slopes(1) == [2**-8]
+    assert alibi_slopes(8) == [2.0**-i for i in range(1, 9)]
+    assert alibi_slopes(12) == pytest.approx([2.0**-i for i in range(1, 9)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5])
+
+
+def test_alibi_init_starts_the_relative_bias_at_minus_slope_times_distance_and_leaves_the_rest_as_it_was():
+    shape = dict(layers=2, relative_buckets=32, relative_max_distance=128)  # the presets' buckets
+    plain = build(tiny_model(**shape))
+    enc = build(tiny_model(**shape, relative_init="alibi"))
+    bias = enc.relative_bias(40, torch.device("cpu"))[0]  # (heads, T, T)
+    distance = (torch.arange(40)[None, :] - torch.arange(40)[:, None]).abs()
+    for h, slope in enumerate(alibi_slopes(2)):
+        exact = distance < 8  # T5 gives the distances below num_buckets // 4 a bucket each
+        torch.testing.assert_close(bias[h][exact], -slope * distance[exact].float())
+        assert bool((bias[h][~exact] <= -slope * 8).all())  # farther buckets: at least the penalty of 8
+        assert torch.equal(bias[h], bias[h].T)  # symmetric: an encoder looks both ways
+    # Only the bias differs: the same random stream drew every other weight.
+    others = {k: v for k, v in plain.state_dict().items() if "relative_bias" not in k}
+    assert all(torch.equal(v, enc.state_dict()[k]) for k, v in others.items())
+    with pytest.raises(ConfigError, match="relative_init=alibi needs relative_positions"):
+        tiny_model(relative_init="alibi", relative_positions=False).check("model")
 
 
 # --------------------------------------------------------------------------------------------

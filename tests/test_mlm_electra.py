@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from electralab.config import AmosGeneratorSize, GeneratorSize, load_params
-from electralab.model.encoder import Encoder, count_parameters
+from electralab.model.encoder import Encoder, alibi_slopes, count_parameters
 from electralab.objectives import build_objective, method_settings
 from electralab.objectives.common import sample
 from electralab.objectives.electra import Electra
@@ -309,7 +309,9 @@ def test_a_few_adamw_steps_lower_the_loss_and_same_seed_same_numbers(method):
 
 
 @pytest.mark.parametrize("method", ["mlm", "electra", "cocolm", "amos", "teams"])
-@pytest.mark.parametrize("model", [{"norm": "pre"}, {"qk_norm": True, "residual_init": "depth_scaled"}])
+@pytest.mark.parametrize(
+    "model", [{"norm": "pre"}, {"qk_norm": True, "residual_init": "depth_scaled", "relative_init": "alibi"}]
+)
 def test_every_method_trains_with_the_dead_phase_candidates(method, model):
     # The encoder parameters of bench/dead_phase.py apply to every method alike: main and auxiliary networks
     # are built with them and a few steps lower the loss.
@@ -328,6 +330,9 @@ def test_every_method_trains_with_the_dead_phase_candidates(method, model):
     objective = build()
     encoders = [m for m in objective.modules() if isinstance(m, Encoder)]
     assert encoders and all(e.cfg.norm == cfg.norm and e.cfg.qk_norm == cfg.qk_norm for e in encoders)
+    if cfg.relative_init == "alibi":  # every network's own bias starts at ALiBi's (the generator's heads are its own)
+        for e in encoders:
+            torch.testing.assert_close(e.relative_bias.bias.weight[1], -torch.tensor(alibi_slopes(e.cfg.heads)))
 
 
 @pytest.mark.parametrize(

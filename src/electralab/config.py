@@ -198,6 +198,12 @@ class EncoderConfig:
     # residual_init "depth_scaled": the attention output and FFN output projections at std / sqrt(2 x layers)
     # (GPT-2, Radford et al. 2019, Sec. 2.3), so each layer starts as a small change to its input.
     residual_init: Literal["uniform", "depth_scaled"] = "uniform"
+    # relative_init "alibi": the relative position bias starts as ALiBi's distance penalty, -slope_h x |i - j| with
+    # its geometric slopes per head (Press et al. 2022, Sec. 3; symmetric in an encoder, as in MosaicBERT), then
+    # learns as before. "normal": N(0, initializer_range), attention even over the row at the start. A dead-phase
+    # candidate (docs/findings.md): under Adam a scalar bias moves at most about one learning rate a step, so the
+    # position map a finished run holds (previous and next token up, the token itself down) is learned slowly.
+    relative_init: Literal["normal", "alibi"] = "normal"
 
     def check(self, where: str) -> None:
         if self.hidden % self.heads:
@@ -209,6 +215,8 @@ class EncoderConfig:
             )
         if not (self.absolute_positions or self.relative_positions):
             raise ConfigError(f"{where}: enable absolute_positions or relative_positions (or both)")
+        if self.relative_init != "normal" and not self.relative_positions:
+            raise ConfigError(f"{where}: relative_init={self.relative_init} needs relative_positions: true")
 
 
 @dataclass(frozen=True)

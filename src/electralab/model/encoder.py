@@ -122,6 +122,30 @@ class RelativePositionBias(nn.Module):
         return self.bias(self.buckets(length, device)).permute(2, 0, 1).unsqueeze(0)  # (1, heads, T, T)
 
 
+def alibi_slopes(heads: int) -> list[float]:
+    """ALiBi's per-head slopes (Press et al. 2022, Sec. 3 and their code): for 2^k heads the geometric sequence
+    starting at 2^(-8/heads); otherwise those of the largest power of two below, then every other slope of twice
+    as many heads."""
+    if math.log2(heads).is_integer():
+        start = 2 ** (-8 / heads)
+        return [start ** (i + 1) for i in range(heads)]
+    closest = 2 ** math.floor(math.log2(heads))
+    return alibi_slopes(closest) + alibi_slopes(2 * closest)[0::2][: heads - closest]
+
+
+def alibi_init(relative_bias: RelativePositionBias, heads: int) -> None:
+    """Start a T5 bucketed bias as ALiBi's symmetric penalty: each bucket at -slope x the smallest distance it holds
+    (exact for the small distances, where T5 gives each its own bucket; a bucket no offset reaches stays at 0)."""
+    max_distance = relative_bias.max_distance
+    offsets = torch.arange(-max_distance, max_distance + 1)
+    buckets = relative_position_bucket(offsets, relative_bias.num_buckets, max_distance)
+    distance = torch.zeros(relative_bias.num_buckets)
+    distance = distance.scatter_reduce(0, buckets, offsets.abs().float(), "amin", include_self=False)
+    slopes = torch.tensor(alibi_slopes(heads))
+    with torch.no_grad():
+        relative_bias.bias.weight.copy_(-distance[:, None] * slopes[None, :])
+
+
 class Embeddings(nn.Module):
     """Shared token table (+ absolute positions) -> LayerNorm -> dropout -> projection to hidden."""
 
@@ -253,7 +277,9 @@ class Encoder(nn.Module):
         self.embeddings = embeddings
         if relative_bias is None and cfg.relative_positions:
             relative_bias = RelativePositionBias(cfg.heads, cfg.relative_buckets, cfg.relative_max_distance)
-            init_weights(relative_bias, cfg.initializer_range)
+            init_weights(relative_bias, cfg.initializer_range)  # drawn whatever the init: the same random stream
+            if cfg.relative_init == "alibi":
+                alibi_init(relative_bias, cfg.heads)
         self.relative_bias = relative_bias if cfg.relative_positions else None
         new_layers = [TransformerLayer(cfg) for _ in range(own)]
         for layer in new_layers:
