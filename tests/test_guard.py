@@ -117,6 +117,10 @@ def test_measuring_restores_train_mode_and_random_state(shards_dir):
     assert "attention_entropy_3" not in first and all(0.0 < e <= 1.0 for e in entropies)
     assert first["attention_entropy"] == pytest.approx(sum(entropies) / 2)
     assert 0.0 < heldout.unigram_accuracy < 0.5
+    with torch.no_grad():  # the position map: bucket 0 is the token itself, 1 the one before, 17 the one after
+        objective.discriminator.relative_bias.bias.weight[[0, 1, 17], 0] = torch.tensor([-0.5, 2.0, 1.5])
+    bias = heldout.measure(objective, "fp32")
+    assert (bias["position_bias_previous"], bias["position_bias_self"], bias["position_bias_next"]) == (2.0, -0.5, 1.5)
 
 
 def test_the_fixed_corruption_replaces_only_masked_positions_with_real_words_drawn_the_same_each_time(shards_dir):

@@ -24,6 +24,10 @@ every time (the shards' validation split, in eval mode, with fixed random number
   runs (docs/findings.md, "The dead phase across methods") looks like the plateau that Gopalani and Hu
   (NeurIPS 2025, arXiv 2506.13688) trace to slowly learned attention; this is the probe that says whether ours
   is one.
+- `position_bias_previous`, `_self`, `_next`: the main encoder's relative position bias (shared by its layers)
+  toward the previous token, the token itself and the next one, the largest over heads (absent without relative
+  positions). Every finished run holds the same map, neighbours up and the token itself down; how fast it
+  grows is what the `relative_init` candidate changes (docs/findings.md).
 - `detector_unigram_gain`: the detector's gain over the base rate on a task that never changes: the same
   masked positions holding tokens drawn from the held-out text's own unigram distribution (a fixed draw).
   A detector that reads context finds random words in a sentence easy; one that only learned which tokens
@@ -78,6 +82,15 @@ def token_cosine(hidden: torch.Tensor, attention_mask: torch.Tensor) -> float:
         return float("nan")
     total = u.sum(0)
     return float((total @ total - n) / (n * (n - 1)))
+
+
+def position_bias(encoder: Encoder) -> dict[str, float]:
+    """The relative bias a query puts on the key before it, on itself and on the key after it, the largest over
+    heads: {} without relative positions."""
+    if encoder.relative_bias is None:
+        return {}
+    bias = encoder.relative_bias(3, encoder.relative_bias.bias.weight.device)[0, :, 1, :]  # (heads, 3) at the middle
+    return {f"position_bias_{name}": float(bias[:, i].max()) for i, name in enumerate(("previous", "self", "next"))}
 
 
 @contextmanager
@@ -191,6 +204,7 @@ class HeldOut:
                     add("detector_unigram_gain", 1.0 - float(fixed["detector_loss"]) / entropy if entropy else math.nan)
         objective.train(was_training)
         means = {k: sums[k] / counts[k] for k in sums}
+        means.update(position_bias(objective.main_encoder()))
         for prefix in DETECTORS:
             loss, fraction = means.get(f"{prefix}_loss"), means.get("replaced_fraction")
             if loss is not None and fraction:
