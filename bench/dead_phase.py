@@ -73,7 +73,7 @@ CANDIDATES = {
     # gradients near 1e-6, and that epsilon keeps 71-77% of their step at step 1,800 (bench/adam_moments.py).
     "adam_eps_1e-8": lambda steps: ["pretrain.adam_eps=1e-8"],
     "no_relative_bias": lambda steps: ["model.relative_positions=false"],
-    # The position map every run learns slowly (previous and next token up), started as ALiBi's distance penalty.
+    # The position map every run learns slowly (the previous token up, itself down), started as ALiBi's penalty.
     "alibi_init": lambda steps: ["model.relative_init=alibi"],
     "layers_2": lambda steps: ["model.layers=2"],
     "detector_bias_zero": lambda steps: ["model.detector_bias=zero"],

@@ -202,7 +202,7 @@ class EncoderConfig:
     # its geometric slopes per head (Press et al. 2022, Sec. 3; symmetric in an encoder, as in MosaicBERT), then
     # learns as before. "normal": N(0, initializer_range), attention even over the row at the start. A dead-phase
     # candidate (docs/findings.md): under Adam a scalar bias moves at most about one learning rate a step, so the
-    # position map a finished run holds (previous and next token up, the token itself down) is learned slowly.
+    # position map a finished run holds (the previous token up, the token itself down) is learned slowly.
     relative_init: Literal["normal", "alibi"] = "normal"
 
     def check(self, where: str) -> None:
