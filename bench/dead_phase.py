@@ -75,6 +75,7 @@ CANDIDATES = {
     "no_relative_bias": lambda steps: ["model.relative_positions=false"],
     # The position map every run learns slowly (the previous token up, itself down), started as ALiBi's penalty.
     "alibi_init": lambda steps: ["model.relative_init=alibi"],
+    "previous_token_init": lambda steps: ["model.relative_init=previous_token"],  # started at that map itself
     "layers_2": lambda steps: ["model.layers=2"],
     "detector_bias_zero": lambda steps: ["model.detector_bias=zero"],
     "init_0.01": lambda steps: ["model.initializer_range=0.01"],

@@ -257,7 +257,7 @@ def test_alibi_slopes_are_the_papers():
     assert alibi_slopes(12) == pytest.approx([2.0**-i for i in range(1, 9)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5])
 
 
-def test_alibi_init_starts_the_relative_bias_at_minus_slope_times_distance_and_leaves_the_rest_as_it_was():
+def test_relative_inits_start_the_bias_at_alibi_or_the_previous_token_map_and_leave_the_rest_as_it_was():
     shape = dict(layers=2, relative_buckets=32, relative_max_distance=128)  # the presets' buckets
     plain = build(tiny_model(**shape))
     enc = build(tiny_model(**shape, relative_init="alibi"))
@@ -271,6 +271,12 @@ def test_alibi_init_starts_the_relative_bias_at_minus_slope_times_distance_and_l
     # Only the bias differs: the same random stream drew every other weight.
     others = {k: v for k, v in plain.state_dict().items() if "relative_bias" not in k}
     assert all(torch.equal(v, enc.state_dict()[k]) for k, v in others.items())
+    previous = build(tiny_model(**shape, relative_init="previous_token")).relative_bias(40, torch.device("cpu"))[0]
+    offset = torch.arange(40)[None, :] - torch.arange(40)[:, None]  # key - query
+    assert bool((previous[:, offset == -1] == 2.0).all()) and bool((previous[:, offset == 0] == -1.0).all())
+    torch.testing.assert_close(
+        previous[:, offset == 1], plain.relative_bias(40, torch.device("cpu"))[0][:, offset == 1]
+    )
     with pytest.raises(ConfigError, match="relative_init=alibi needs relative_positions"):
         tiny_model(relative_init="alibi", relative_positions=False).check("model")
 

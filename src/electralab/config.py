@@ -198,12 +198,14 @@ class EncoderConfig:
     # residual_init "depth_scaled": the attention output and FFN output projections at std / sqrt(2 x layers)
     # (GPT-2, Radford et al. 2019, Sec. 2.3), so each layer starts as a small change to its input.
     residual_init: Literal["uniform", "depth_scaled"] = "uniform"
-    # relative_init "alibi": the relative position bias starts as ALiBi's distance penalty, -slope_h x |i - j| with
-    # its geometric slopes per head (Press et al. 2022, Sec. 3; symmetric in an encoder, as in MosaicBERT), then
-    # learns as before. "normal": N(0, initializer_range), attention even over the row at the start. A dead-phase
-    # candidate (docs/findings.md): under Adam a scalar bias moves at most about one learning rate a step, so the
-    # position map a finished run holds (the previous token up, the token itself down) is learned slowly.
-    relative_init: Literal["normal", "alibi"] = "normal"
+    # relative_init: how the relative position bias starts, then it learns as before. "normal": N(0,
+    # initializer_range), attention even over the row. "alibi": ALiBi's distance penalty, -slope_h x |i - j| with
+    # its geometric slopes per head (Press et al. 2022, Sec. 3; symmetric in an encoder, as in MosaicBERT).
+    # "previous_token": the map every finished tiny run holds, in every head: +2 toward the key before, -1 on the
+    # token itself (they end at +1.4 to +2.6 and -0.4 to -1.4; mimetic initialisation's idea, Trockman and Kolter
+    # 2023, for the position bias). Dead-phase candidates (docs/findings.md): under Adam a scalar bias moves at
+    # most about one learning rate a step, so that map is learned slowly.
+    relative_init: Literal["normal", "alibi", "previous_token"] = "normal"
 
     def check(self, where: str) -> None:
         if self.hidden % self.heads:

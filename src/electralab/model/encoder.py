@@ -146,6 +146,16 @@ def alibi_init(relative_bias: RelativePositionBias, heads: int) -> None:
         relative_bias.bias.weight.copy_(-distance[:, None] * slopes[None, :])
 
 
+def previous_token_init(relative_bias: RelativePositionBias) -> None:
+    """Start every head at +2 toward the key before and -1 on the token itself (the other buckets as drawn)."""
+    before, itself = relative_position_bucket(
+        torch.tensor([-1, 0]), relative_bias.num_buckets, relative_bias.max_distance
+    )
+    with torch.no_grad():
+        relative_bias.bias.weight[before] = 2.0
+        relative_bias.bias.weight[itself] = -1.0
+
+
 class Embeddings(nn.Module):
     """Shared token table (+ absolute positions) -> LayerNorm -> dropout -> projection to hidden."""
 
@@ -280,6 +290,8 @@ class Encoder(nn.Module):
             init_weights(relative_bias, cfg.initializer_range)  # drawn whatever the init: the same random stream
             if cfg.relative_init == "alibi":
                 alibi_init(relative_bias, cfg.heads)
+            elif cfg.relative_init == "previous_token":
+                previous_token_init(relative_bias)
         self.relative_bias = relative_bias if cfg.relative_positions else None
         new_layers = [TransformerLayer(cfg) for _ in range(own)]
         for layer in new_layers:
