@@ -202,7 +202,7 @@ class EncoderConfig:
     # initializer_range), attention even over the row. "alibi": ALiBi's distance penalty, -slope_h x |i - j| with
     # its geometric slopes per head (Press et al. 2022, Sec. 3; symmetric in an encoder, as in MosaicBERT).
     # "previous_token": the map every finished tiny run holds, in every head: +2 toward the key before, -1 on the
-    # token itself (they end at +1.4 to +2.6 and -0.4 to -1.4; mimetic initialisation's idea, Trockman and Kolter
+    # token itself (they end at +1.4 to +2.7 and -0.4 to -1.9; mimetic initialisation's idea, Trockman and Kolter
     # 2023, for the position bias). Dead-phase candidates (docs/findings.md): under Adam a scalar bias moves at
     # most about one learning rate a step, so that map is learned slowly.
     relative_init: Literal["normal", "alibi", "previous_token"] = "normal"

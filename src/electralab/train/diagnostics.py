@@ -26,7 +26,7 @@ every time (the shards' validation split, in eval mode, with fixed random number
   is one.
 - `position_bias_previous`, `_self`, `_next`: the main encoder's relative position bias (shared by its layers)
   toward the previous token, the token itself and the next one, the largest over heads (absent without relative
-  positions). Every finished run so far holds the previous token up (+1.4 to +2.6) and itself down; how fast it
+  positions). Every finished run so far holds the previous token up (+1.4 to +2.7) and itself down; how fast it
   grows is what the `relative_init` candidate changes (docs/findings.md).
 - `detector_unigram_gain`: the detector's gain over the base rate on a task that never changes: the same
   masked positions holding tokens drawn from the held-out text's own unigram distribution (a fixed draw).
