@@ -133,7 +133,7 @@ def alibi_slopes(heads: int) -> list[float]:
     return alibi_slopes(closest) + alibi_slopes(2 * closest)[0::2][: heads - closest]
 
 
-def alibi_init(relative_bias: RelativePositionBias, heads: int) -> None:
+def alibi_init(relative_bias: RelativePositionBias) -> None:
     """Start a T5 bucketed bias as ALiBi's symmetric penalty: each bucket at -slope x the smallest distance it holds
     (exact for the small distances, where T5 gives each its own bucket; a bucket no offset reaches stays at 0)."""
     max_distance = relative_bias.max_distance
@@ -141,7 +141,7 @@ def alibi_init(relative_bias: RelativePositionBias, heads: int) -> None:
     buckets = relative_position_bucket(offsets, relative_bias.num_buckets, max_distance)
     distance = torch.zeros(relative_bias.num_buckets)
     distance = distance.scatter_reduce(0, buckets, offsets.abs().float(), "amin", include_self=False)
-    slopes = torch.tensor(alibi_slopes(heads))
+    slopes = torch.tensor(alibi_slopes(relative_bias.bias.embedding_dim))  # one column a head
     with torch.no_grad():
         relative_bias.bias.weight.copy_(-distance[:, None] * slopes[None, :])
 
@@ -289,7 +289,7 @@ class Encoder(nn.Module):
             relative_bias = RelativePositionBias(cfg.heads, cfg.relative_buckets, cfg.relative_max_distance)
             init_weights(relative_bias, cfg.initializer_range)  # drawn whatever the init: the same random stream
             if cfg.relative_init == "alibi":
-                alibi_init(relative_bias, cfg.heads)
+                alibi_init(relative_bias)
             elif cfg.relative_init == "previous_token":
                 previous_token_init(relative_bias)
         self.relative_bias = relative_bias if cfg.relative_positions else None
