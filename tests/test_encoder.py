@@ -281,6 +281,17 @@ def test_relative_inits_start_the_bias_at_alibi_or_the_previous_token_map_and_le
         tiny_model(relative_init="alibi", relative_positions=False).check("model")
 
 
+def test_alibi_heads_gives_the_steeper_slopes_of_a_model_with_more_heads():
+    shape = dict(layers=1, relative_buckets=32, relative_max_distance=128, relative_init="alibi")  # the presets'
+    steep = build(tiny_model(**shape, alibi_heads=8)).relative_bias(4, torch.device("cpu"))[0]
+    torch.testing.assert_close(steep[:, 0, 1], torch.tensor([-0.5, -0.25]))  # 8 heads' first two slopes, distance 1
+    torch.testing.assert_close(steep[:, 0, 3], torch.tensor([-1.5, -0.75]))
+    own = build(tiny_model(**shape, alibi_heads=1)).relative_bias(4, torch.device("cpu"))[0]
+    torch.testing.assert_close(own[:, 0, 1], -torch.tensor(alibi_slopes(2)))  # fewer than its own: its own
+    with pytest.raises(ConfigError, match="alibi_heads=8 needs relative_init: alibi"):
+        tiny_model(alibi_heads=8).check("model")
+
+
 # --------------------------------------------------------------------------------------------
 # The encoder
 # --------------------------------------------------------------------------------------------

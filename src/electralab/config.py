@@ -206,6 +206,10 @@ class EncoderConfig:
     # 2023, for the position bias). Dead-phase candidates (docs/findings.md): under Adam a scalar bias moves at
     # most about one learning rate a step, so that map is learned slowly.
     relative_init: Literal["normal", "alibi", "previous_token"] = "normal"
+    # alibi_heads: with relative_init "alibi", the slopes ALiBi gives the first heads of a model with this many
+    # (None: the network's own count, the paper's). Locality as a knob: 2 heads get 1/16 and 1/256 (a distance of
+    # 16 costs one logit in the steeper head), as if of 8 heads 1/2 and 1/4.
+    alibi_heads: int | None = bounded(None, lo=1)
 
     def check(self, where: str) -> None:
         if self.hidden % self.heads:
@@ -219,6 +223,8 @@ class EncoderConfig:
             raise ConfigError(f"{where}: enable absolute_positions or relative_positions (or both)")
         if self.relative_init != "normal" and not self.relative_positions:
             raise ConfigError(f"{where}: relative_init={self.relative_init} needs relative_positions: true")
+        if self.alibi_heads is not None and self.relative_init != "alibi":
+            raise ConfigError(f"{where}: alibi_heads={self.alibi_heads} needs relative_init: alibi")
 
 
 @dataclass(frozen=True)

@@ -133,15 +133,17 @@ def alibi_slopes(heads: int) -> list[float]:
     return alibi_slopes(closest) + alibi_slopes(2 * closest)[0::2][: heads - closest]
 
 
-def alibi_init(relative_bias: RelativePositionBias) -> None:
+def alibi_init(relative_bias: RelativePositionBias, as_heads: int | None = None) -> None:
     """Start a T5 bucketed bias as ALiBi's symmetric penalty: each bucket at -slope x the smallest distance it holds
-    (exact for the small distances, where T5 gives each its own bucket; a bucket no offset reaches stays at 0)."""
+    (exact for the small distances, where T5 gives each its own bucket; a bucket no offset reaches stays at 0).
+    The slopes are those of the first heads of an ALiBi model with `as_heads` heads (at least the bias's own)."""
     max_distance = relative_bias.max_distance
     offsets = torch.arange(-max_distance, max_distance + 1)
     buckets = relative_position_bucket(offsets, relative_bias.num_buckets, max_distance)
     distance = torch.zeros(relative_bias.num_buckets)
     distance = distance.scatter_reduce(0, buckets, offsets.abs().float(), "amin", include_self=False)
-    slopes = torch.tensor(alibi_slopes(relative_bias.bias.embedding_dim))  # one column a head
+    heads = relative_bias.bias.embedding_dim  # one column a head
+    slopes = torch.tensor(alibi_slopes(max(heads, as_heads or heads))[:heads])
     with torch.no_grad():
         relative_bias.bias.weight.copy_(-distance[:, None] * slopes[None, :])
 
@@ -289,7 +291,7 @@ class Encoder(nn.Module):
             relative_bias = RelativePositionBias(cfg.heads, cfg.relative_buckets, cfg.relative_max_distance)
             init_weights(relative_bias, cfg.initializer_range)  # drawn whatever the init: the same random stream
             if cfg.relative_init == "alibi":
-                alibi_init(relative_bias)
+                alibi_init(relative_bias, cfg.alibi_heads)
             elif cfg.relative_init == "previous_token":
                 previous_token_init(relative_bias)
         self.relative_bias = relative_bias if cfg.relative_positions else None
