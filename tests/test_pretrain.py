@@ -394,8 +394,9 @@ def test_a_stop_signal_checkpoints_the_step_says_so_in_one_line_and_the_next_run
     assert sorted(steps) == list(range(1, 41))
 
 
-def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp_path):
-    from electralab.io import fingerprint
+def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp_path, capsys):
+    """A checkpoint of other params is ignored; one written before the code gained a key resumes while that key
+    stands at its default (what the code did before), and only then."""
     from electralab.runs import resolve_run
     from electralab.train.checkpoint import Checkpointer
 
@@ -403,9 +404,24 @@ def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp
     run_a = resolve_run(params, "mlm")
     run_b = dataclasses.replace(run_a, pretrain=dataclasses.replace(run_a.pretrain, lr=0.5))
     scratch = tmp_path / "scratch"
-    Checkpointer(scratch, fingerprint(run_a.as_params())).save({"step": 3})
-    assert Checkpointer(scratch, fingerprint(run_a.as_params())).load()["step"] == 3
-    assert Checkpointer(scratch, fingerprint(run_b.as_params())).load() is None
+
+    def checkpointer(run, drop: str | None = None) -> Checkpointer:
+        config = run.as_params()
+        if drop:  # as the code wrote it before `model.<drop>` existed
+            config["model"] = {k: v for k, v in config["model"].items() if k != drop}
+        return Checkpointer(scratch, (config, "shards-hash", 1), (run.param_defaults(), None, None))
+
+    checkpointer(run_a).save({"step": 3})
+    assert checkpointer(run_a).load()["step"] == 3
+    assert checkpointer(run_b).load() is None
+    checkpointer(run_a, drop="alibi_heads").save({"step": 4})
+    assert checkpointer(run_a).load()["step"] == 4
+    assert "written before model.alibi_heads existed, now at the default" in capsys.readouterr().err
+    steep = dataclasses.replace(run_a, model=dataclasses.replace(run_a.model, relative_init="alibi", alibi_heads=8))
+    assert checkpointer(steep).load() is None  # the new key away from its default: another configuration
+    assert checkpointer(run_b, drop="alibi_heads").load() is None  # a new key does not excuse a changed one
+    checkpointer(run_a).save({"step": 5})
+    assert checkpointer(run_a, drop="alibi_heads").load() is None  # a key the code lost: not resumed
 
 
 def test_only_the_newest_corrupt_checkpoint_is_kept_aside(tmp_path, capsys):
@@ -415,11 +431,11 @@ def test_only_the_newest_corrupt_checkpoint_is_kept_aside(tmp_path, capsys):
 
     scratch, previous = tmp_path / "checkpoints" / "mlm", None
     for attempt in range(3):
-        checkpointer = Checkpointer(scratch, "fp")
+        checkpointer = Checkpointer(scratch, ("fp",))
         checkpointer.save({"step": 2 * attempt + 1})
         checkpointer.save({"step": 2 * attempt + 2})
         flip_a_byte(scratch / "state.pt")
-        assert Checkpointer(scratch, "fp").load()["step"] == 2 * attempt + 1  # the one before it
+        assert Checkpointer(scratch, ("fp",)).load()["step"] == 2 * attempt + 1  # the one before it
         aside = list((tmp_path / "checkpoints").glob("mlm.*.corrupt-*"))
         assert len(aside) == 1, aside
         if previous is not None:

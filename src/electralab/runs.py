@@ -105,6 +105,16 @@ class ResolvedRun:
             "pretrain": to_dict(self.pretrain),
         }
 
+    def param_defaults(self) -> dict[str, Any]:
+        """as_params' sections at the code's defaults: what a key added since a checkpoint was written meant
+        before it existed (a new key's default keeps the old behaviour), so that checkpoint still resumes."""
+        return {
+            "settings": to_dict(type(self.settings)()),
+            "model": to_dict(EncoderConfig()),
+            "generators": to_dict(GeneratorSizes()),
+            "pretrain": to_dict(PretrainConfig()),
+        }
+
 
 def tables_in(name: str, spec: RunSpec) -> tuple[str, ...]:
     """The tables and figures a run is in: those naming it, or for another pretraining seed of a row, the tables

@@ -13,8 +13,10 @@ does not load (a write cut short by a crash of the machine, a damaged disk) is s
 scratch directory as <run>.<name>.corrupt-<time> (only the newest one kept), named on stderr, and the run
 resumes from the other.
 
-A checkpoint carries the fingerprint of the run's configuration and data; one that does not match
-(changed params, new shards) is ignored, so a stale checkpoint never leaks into a new run.
+A checkpoint carries the run's configuration and data hash and their fingerprint; one that does not match
+(changed params, new shards) is ignored, so a stale checkpoint never leaks into a new run. One exception: a
+key the code gained since the checkpoint was written, at its default (which, by this project's rule, keeps
+what the code did before), does not stop it resuming: upgrading electralab mid-run loses nothing.
 
 mlflow.json names the MLflow run this scratch belongs to from the run's first step on, so that a run
 killed before its first checkpoint is closed (KILLED) by the next attempt instead of staying RUNNING.
@@ -22,24 +24,55 @@ killed before its first checkpoint is closed (KILLED) by the next attempt instea
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from electralab.io import fsync, read_json, sha256_file, write_json, written
+from electralab.io import fingerprint, fsync, read_json, sha256_file, write_json, written
 
 STATE, PREVIOUS, CHECKSUMS, MLFLOW = "state.pt", "state.prev.pt", "checksums.json", "mlflow.json"
 
 
+def added_at_defaults(saved: Any, current: Any, defaults: Any) -> list[str] | None:
+    """The keys `current` has beyond `saved`, each at its value in `defaults` (nested alike), or None when they
+    differ otherwise: a changed or removed value, or an added key away from its default."""
+    if not (isinstance(saved, dict) and isinstance(current, dict)):
+        if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
+            found = [added_at_defaults(a, b, d) for a, b, d in zip(saved, current, defaults or [None] * len(saved))]
+            return None if None in found else [k for keys in found for k in keys]
+        return [] if saved == current else None
+    defaults = defaults if isinstance(defaults, dict) else {}
+    if set(saved) - set(current):
+        return None
+    added = []
+    for key, value in current.items():
+        if key not in saved:
+            if key not in defaults or value != defaults[key]:
+                return None
+            added.append(key)
+            continue
+        inner = added_at_defaults(saved[key], value, defaults.get(key))
+        if inner is None:
+            return None
+        added += [f"{key}.{k}" for k in inner]
+    return added
+
+
 class Checkpointer:
-    def __init__(self, directory: Path, fingerprint: str):
+    def __init__(self, directory: Path, config: tuple, defaults: tuple | None = None):
+        """`config`: what the run's training depends on (JSON-able parts, fingerprinted); `defaults`: the same
+        parts at the code's defaults, where a key added since a checkpoint may stand at them."""
         self.directory = Path(directory)
-        self.fingerprint = fingerprint
+        self.fingerprint = fingerprint(*config)
+        self.config = json.loads(json.dumps(list(config), sort_keys=True, default=str))
+        self.defaults = json.loads(json.dumps(list(defaults or [None] * len(config)), default=str))
 
     @property
     def state_path(self) -> Path:
@@ -67,8 +100,17 @@ class Checkpointer:
             except Exception as e:  # unreadable: truncated, not a torch file
                 self._set_aside(path, f"it does not load ({type(e).__name__}: {str(e)[:200]})")
                 continue
-            return state if state.get("fingerprint") == self.fingerprint else None
+            return state if self._matches(state, path) else None
         return None
+
+    def _matches(self, state: dict, path: Path) -> bool:
+        if state.get("fingerprint") == self.fingerprint:
+            return True
+        added = added_at_defaults(state["config"], self.config, self.defaults) if "config" in state else None
+        if added is None:
+            return False
+        print(f"resuming {path}: written before {', '.join(added)} existed, now at the default", file=sys.stderr)
+        return True
 
     def _set_aside(self, path: Path, why: str) -> None:
         """Move a corrupt checkpoint beside the scratch directory for a look, keeping only the newest one a run
@@ -98,7 +140,7 @@ class Checkpointer:
         fd, name = tempfile.mkstemp(prefix=f".tmp-{STATE}-", dir=self.directory)
         os.close(fd)
         with written(Path(name)), open(name, "wb") as f:
-            torch.save({**state, "fingerprint": self.fingerprint}, f)
+            torch.save({**state, "fingerprint": self.fingerprint, "config": self.config}, f)
             f.flush()
             os.fsync(f.fileno())
         new, latest = sha256_file(name), self.directory / STATE

@@ -34,7 +34,7 @@ from electralab.data.progress import progress_bar
 from electralab.data.shards import read_shards_manifest
 from electralab.errors import ConfigError, DataError, RepresentationCollapsed, TrainingDiverged
 from electralab.export import save_encoder
-from electralab.io import atomic_dir, fingerprint, write_json
+from electralab.io import atomic_dir, write_json
 from electralab.model.encoder import count_parameters, set_dropout
 from electralab.objectives import Objective, build_objective
 from electralab.objectives.common import set_static
@@ -86,7 +86,8 @@ def pretrain(
     manifest = read_shards_manifest(shards_dir)  # a DataError naming the file when missing or corrupt
     vocab_size = int(manifest["vocab_size"])
     short_until = short_steps(cfg, int(manifest["seq_len"]), run.name)  # rows cut short before this step
-    checkpointer = Checkpointer(scratch_dir, fingerprint(run.as_params(), manifest.get("config_hash"), dist.world_size))
+    data_hash, world = manifest.get("config_hash"), dist.world_size
+    checkpointer = Checkpointer(scratch_dir, (run.as_params(), data_hash, world), (run.param_defaults(), None, None))
 
     torch.manual_seed(run.seed)  # identical initial weights on every rank
     objective = build_objective(run.method, run.settings, run.model, run.generators, vocab_size).to(device)
