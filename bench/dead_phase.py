@@ -78,9 +78,6 @@ CANDIDATES = {
     "previous_token_init": lambda steps: ["model.relative_init=previous_token"],  # started at that map itself
     # More locality: the two heads start at the slopes ALiBi gives the first two of 8 (1/2, 1/4; own: 1/16, 1/256).
     "alibi_init_steep": lambda steps: ["model.relative_init=alibi", "model.alibi_heads=8"],
-    # COCO-LM's and AMOS's detectors stay at the base rate under ALiBi's start, ELECTRA's and TEAMS's leave: is it
-    # the linear detector head those two release (ELECTRA's and TEAMS's: dense -> GELU -> dense)?
-    "alibi_init_mlp_head": lambda steps: ["model.relative_init=alibi", "model.detector_head=mlp"],
     "layers_2": lambda steps: ["model.layers=2"],
     "detector_bias_zero": lambda steps: ["model.detector_bias=zero"],
     "init_0.01": lambda steps: ["model.initializer_range=0.01"],
