@@ -424,6 +424,16 @@ def test_a_stale_checkpoint_of_another_configuration_is_not_resumed(project, tmp
     assert checkpointer(run_a, drop="alibi_heads").load() is None  # a key the code lost: not resumed
 
 
+def test_only_keys_added_at_their_defaults_are_excused():
+    from electralab.train.checkpoint import added_at_defaults
+
+    saved, defaults = {"model": {"a": 1, "exits": [1, 2, 3, 4]}}, {"model": {"a": 0, "b": None, "exits": [4, 6, 8]}}
+    assert added_at_defaults(saved, {"model": {"a": 1, "b": None, "exits": [1, 2, 3, 4]}}, defaults) == ["model.b"]
+    assert added_at_defaults(saved, {"model": {"a": 1, "b": 2, "exits": [1, 2, 3, 4]}}, defaults) is None
+    assert added_at_defaults(saved, {"model": {"a": 1, "exits": [1, 2, 3, 5]}}, defaults) is None  # every item
+    assert added_at_defaults([saved, "data"], [saved, "other data"], [defaults, None]) is None
+
+
 def test_only_the_newest_corrupt_checkpoint_is_kept_aside(tmp_path, capsys):
     """Each restart that finds a corrupt state.pt sets it aside; the one set aside before is removed, so whole
     checkpoints do not pile up beside the scratch directory."""

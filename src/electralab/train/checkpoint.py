@@ -45,7 +45,9 @@ def added_at_defaults(saved: Any, current: Any, defaults: Any) -> list[str] | No
     differ otherwise: a changed or removed value, or an added key away from its default."""
     if not (isinstance(saved, dict) and isinstance(current, dict)):
         if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
-            found = [added_at_defaults(a, b, d) for a, b, d in zip(saved, current, defaults or [None] * len(saved))]
+            if not (isinstance(defaults, list) and len(defaults) == len(saved)):
+                defaults = [None] * len(saved)  # a list's items are compared, never added to
+            found = [added_at_defaults(a, b, d) for a, b, d in zip(saved, current, defaults)]
             return None if None in found else [k for keys in found for k in keys]
         return [] if saved == current else None
     defaults = defaults if isinstance(defaults, dict) else {}
