@@ -292,6 +292,26 @@ def test_alibi_heads_gives_the_steeper_slopes_of_a_model_with_more_heads():
         tiny_model(alibi_heads=8).check("model")
 
 
+def test_untie_cls_gives_cls_a_learned_row_and_column_and_leaves_the_rest_and_the_random_stream():
+    shape = dict(layers=2, relative_buckets=32, relative_max_distance=128, relative_init="alibi", alibi_heads=8)
+    tied, untied = build(tiny_model(**shape)), build(tiny_model(**shape, untie_cls=True))
+    for name, p in tied.named_parameters():  # the same draws: the two scalars per head draw nothing
+        torch.testing.assert_close(untied.get_parameter(name), p)
+    T, cpu = 40, torch.device("cpu")
+    with torch.no_grad():
+        untied.relative_bias.cls.copy_(torch.tensor([[0.5, -0.5], [1.0, 2.0]]))
+    local, free = tied.relative_bias(T, cpu)[0], untied.relative_bias(T, cpu)[0]
+    assert local[0, 0, T - 1] < -10  # the steep start keeps [CLS] to its neighbours...
+    assert torch.equal(free[:, 0, :], torch.tensor([0.5, -0.5])[:, None].expand(2, T))  # ...untied: its row
+    assert torch.equal(free[:, 1:, 0], torch.tensor([1.0, 2.0])[:, None].expand(2, T - 1))  # and its column
+    assert torch.equal(free[:, 1:, 1:], local[:, 1:, 1:])  # every other pair: the bias
+    ids = torch.randint(5, VOCAB, (3, T))
+    untied(ids)[-1][:, 0].sum().backward()  # [CLS]'s output learns its row's scalars
+    assert untied.relative_bias.cls.grad[0].abs().min() > 0
+    with pytest.raises(ConfigError, match="untie_cls=true needs relative_positions"):
+        tiny_model(untie_cls=True, relative_positions=False).check("model")
+
+
 # --------------------------------------------------------------------------------------------
 # The encoder
 # --------------------------------------------------------------------------------------------

@@ -116,6 +116,8 @@ CONFIGS = {  # the presets' default (absolute + relative), relative only with fa
         absolute_positions=False, relative_positions=True, embedding=16, relative_buckets=16, relative_max_distance=24
     ),
     "absolute": dict(absolute_positions=True, relative_positions=False, embedding=16),
+    # a local start with [CLS] untied from it: its row and column are the two learned scalars, not the bias
+    "relative, ALiBi start, untied [CLS]": dict(relative_init="alibi", alibi_heads=8, untie_cls=True),
 }
 
 

@@ -140,6 +140,7 @@ def huggingface_config(encoder: Encoder) -> dict:
             architectures=["ElectralabModel"],
             relative_buckets=cfg.relative_buckets,
             relative_max_distance=cfg.relative_max_distance,
+            untie_cls=cfg.untie_cls,
             auto_map={"AutoConfig": f"{module}.ElectralabConfig", "AutoModel": f"{module}.ElectralabModel"},
         )
     return config
@@ -163,6 +164,8 @@ def huggingface_state_dict(encoder: Encoder) -> dict[str, torch.Tensor]:
         out["embeddings_project.bias"] = emb.project.bias
     if encoder.relative_bias is not None:
         out["relative_attention_bias.weight"] = encoder.relative_bias.bias.weight
+        if encoder.relative_bias.cls is not None:
+            out["relative_attention_bias_cls"] = encoder.relative_bias.cls
     for i, layer in enumerate(encoder.layers):
         p = f"encoder.layer.{i}."
         qkv_w, qkv_b = layer.attention.qkv.weight, layer.attention.qkv.bias

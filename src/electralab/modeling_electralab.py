@@ -26,6 +26,7 @@ class ElectralabConfig(ElectraConfig):
     # and reports `relative_attention_bias.weight` as an unexpected key: that model lacks the bias.
     relative_buckets: int = 32
     relative_max_distance: int = 128
+    untie_cls: bool = False  # [CLS]'s row and column: one learned scalar per head each (TUPE), not the bias
 
 
 def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -48,6 +49,8 @@ class ElectralabModel(ElectraModel):
     def __init__(self, config: ElectralabConfig):
         super().__init__(config)
         self.relative_attention_bias = nn.Embedding(config.relative_buckets, config.num_attention_heads)
+        heads = config.num_attention_heads
+        self.relative_attention_bias_cls = nn.Parameter(torch.zeros(2, heads)) if config.untie_cls else None
         self.post_init()
 
     def relative_bias(self, length: int, device: torch.device) -> torch.Tensor:
@@ -55,7 +58,12 @@ class ElectralabModel(ElectraModel):
         buckets = relative_position_bucket(
             pos[None, :] - pos[:, None], self.config.relative_buckets, self.config.relative_max_distance
         )
-        return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # (1, heads, T, T)
+        bias = self.relative_attention_bias(buckets).permute(2, 0, 1)  # (heads, T, T)
+        if self.relative_attention_bias_cls is not None:  # [CLS]'s row, then its column
+            bias = bias.clone()
+            bias[:, 0, :] = self.relative_attention_bias_cls[0][:, None]
+            bias[:, 1:, 0] = self.relative_attention_bias_cls[1][:, None]
+        return bias.unsqueeze(0)  # (1, heads, T, T)
 
     def _create_attention_masks(self, attention_mask, encoder_attention_mask, embedding_output, *args, **kwargs):
         attention_mask, encoder_attention_mask = super()._create_attention_masks(

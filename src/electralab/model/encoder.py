@@ -87,9 +87,13 @@ class Dropout(nn.Dropout):
 
 
 class RelativePositionBias(nn.Module):
-    """One learned scalar per (bucket, head), shared by all layers of an encoder (as in T5)."""
+    """One learned scalar per (bucket, head), shared by all layers of an encoder (as in T5).
 
-    def __init__(self, heads: int, num_buckets: int, max_distance: int):
+    untie_cls: [CLS] (position 0) takes no distance-dependent bias: its row (what it attends to) is one learned
+    scalar per head, its column (what attends to it) another, both starting at 0 (TUPE's untied [CLS], Ke et al.
+    2021, Sec. 3.2), so a local bias (ALiBi's start) leaves the sentence heads' token free to read the whole input."""
+
+    def __init__(self, heads: int, num_buckets: int, max_distance: int, untie_cls: bool = False):
         super().__init__()
         # T5's formula needs >= 1 exact bucket per direction (num_buckets // 4) and a log range
         # beyond it; fewer buckets divide by log(1) = 0 (or by zero) in relative_position_bucket.
@@ -101,6 +105,8 @@ class RelativePositionBias(nn.Module):
             )
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bias = nn.Embedding(num_buckets, heads)
+        # (2, heads): [CLS]'s row, then its column; zeros draw nothing, so the random stream is the same either way
+        self.cls = nn.Parameter(torch.zeros(2, heads)) if untie_cls else None
         self._buckets: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def buckets(self, length: int, device: torch.device) -> torch.Tensor:
@@ -119,7 +125,13 @@ class RelativePositionBias(nn.Module):
         return relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets, self.max_distance)
 
     def forward(self, length: int, device: torch.device) -> torch.Tensor:
-        return self.bias(self.buckets(length, device)).permute(2, 0, 1).unsqueeze(0)  # (1, heads, T, T)
+        bias = self.bias(self.buckets(length, device)).permute(2, 0, 1)  # (heads, T, T)
+        if self.cls is not None:
+            heads = bias.shape[0]
+            column = self.cls[1][:, None, None].expand(heads, length - 1, 1)
+            row = self.cls[0][:, None, None].expand(heads, 1, length)
+            bias = torch.cat([row, torch.cat([column, bias[:, 1:, 1:]], dim=2)], dim=1)
+        return bias.unsqueeze(0)  # (1, heads, T, T)
 
 
 def alibi_slopes(heads: int) -> list[float]:
@@ -288,7 +300,9 @@ class Encoder(nn.Module):
                     init_weights(m, cfg.initializer_range)
         self.embeddings = embeddings
         if relative_bias is None and cfg.relative_positions:
-            relative_bias = RelativePositionBias(cfg.heads, cfg.relative_buckets, cfg.relative_max_distance)
+            relative_bias = RelativePositionBias(
+                cfg.heads, cfg.relative_buckets, cfg.relative_max_distance, untie_cls=cfg.untie_cls
+            )
             init_weights(relative_bias, cfg.initializer_range)  # drawn whatever the init: the same random stream
             if cfg.relative_init == "alibi":
                 alibi_init(relative_bias, cfg.alibi_heads)
