@@ -78,6 +78,8 @@ CANDIDATES = {
     "previous_token_init": lambda steps: ["model.relative_init=previous_token"],  # started at that map itself
     # More locality: the two heads start at the slopes ALiBi gives the first two of 8 (1/2, 1/4; own: 1/16, 1/256).
     "alibi_init_steep": lambda steps: ["model.relative_init=alibi", "model.alibi_heads=8"],
+    # One head local, one free: the steepest and the flattest of 8 heads' slopes (1/2, 1/256).
+    "alibi_init_spread": lambda steps: ["model.relative_init=alibi", "model.alibi_heads=8", "model.alibi_pick=spread"],
     # ...with [CLS] untied from the bias (TUPE): the steep start keeps [CLS], which every sentence task reads, local.
     "alibi_init_steep_cls": lambda steps: ["model.relative_init=alibi", "model.alibi_heads=8", "model.untie_cls=true"],
     "layers_2": lambda steps: ["model.layers=2"],

@@ -290,6 +290,12 @@ def test_alibi_heads_gives_the_steeper_slopes_of_a_model_with_more_heads():
     torch.testing.assert_close(own[:, 0, 1], -torch.tensor(alibi_slopes(2)))  # fewer than its own: its own
     with pytest.raises(ConfigError, match="alibi_heads=8 needs relative_init: alibi"):
         tiny_model(alibi_heads=8).check("model")
+    spread = build(tiny_model(**shape, alibi_heads=8, alibi_pick="spread")).relative_bias(4, torch.device("cpu"))[0]
+    torch.testing.assert_close(spread[:, 0, 2], torch.tensor([-1.0, -2 / 256]))  # 8 heads' steepest and flattest
+    one = build(tiny_model(**{**shape, "hidden": 16, "heads": 1}, alibi_heads=8, alibi_pick="spread"))
+    torch.testing.assert_close(one.relative_bias(2, torch.device("cpu"))[0, :, 0, 1], torch.tensor([-0.5]))  # steepest
+    with pytest.raises(ConfigError, match="alibi_pick=spread needs relative_init: alibi"):
+        tiny_model(alibi_pick="spread").check("model")
 
 
 def test_untie_cls_gives_cls_a_learned_row_and_column_and_leaves_the_rest_and_the_random_stream():

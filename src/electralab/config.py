@@ -210,6 +210,9 @@ class EncoderConfig:
     # (None: the network's own count, the paper's). Locality as a knob: 2 heads get 1/16 and 1/256 (a distance of
     # 16 costs one logit in the steeper head), as if of 8 heads 1/2 and 1/4.
     alibi_heads: int | None = bounded(None, lo=1)
+    # alibi_pick: which of that model's slopes: "first", its steepest ones (every head local at alibi_heads 8);
+    # "spread", its steepest to its flattest evenly (2 heads of 8: 1/2 and 1/256, one local head, one that sees all).
+    alibi_pick: Literal["first", "spread"] = "first"
     # untie_cls: [CLS] takes no distance-dependent bias, one learned scalar per head for its row and one for its
     # column instead, from 0 (TUPE, Ke et al. 2021, Sec. 3.2). With a local start (alibi_heads) the bias would
     # keep the token every sentence task reads to its first few neighbours. False: the papers' (T5's) bias.
@@ -229,6 +232,8 @@ class EncoderConfig:
             raise ConfigError(f"{where}: relative_init={self.relative_init} needs relative_positions: true")
         if self.alibi_heads is not None and self.relative_init != "alibi":
             raise ConfigError(f"{where}: alibi_heads={self.alibi_heads} needs relative_init: alibi")
+        if self.alibi_pick != "first" and self.relative_init != "alibi":
+            raise ConfigError(f"{where}: alibi_pick={self.alibi_pick} needs relative_init: alibi")
         if self.untie_cls and not self.relative_positions:
             raise ConfigError(f"{where}: untie_cls=true needs relative_positions: true")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Collection, Sequence
+from typing import Collection, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -145,17 +145,24 @@ def alibi_slopes(heads: int) -> list[float]:
     return alibi_slopes(closest) + alibi_slopes(2 * closest)[0::2][: heads - closest]
 
 
-def alibi_init(relative_bias: RelativePositionBias, as_heads: int | None = None) -> None:
+def alibi_init(
+    relative_bias: RelativePositionBias, as_heads: int | None = None, pick: Literal["first", "spread"] = "first"
+) -> None:
     """Start a T5 bucketed bias as ALiBi's symmetric penalty: each bucket at -slope x the smallest distance it holds
     (exact for the small distances, where T5 gives each its own bucket; a bucket no offset reaches stays at 0).
-    The slopes are those of the first heads of an ALiBi model with `as_heads` heads (at least the bias's own)."""
+    The slopes are those of an ALiBi model with `as_heads` heads (at least the bias's own): its first (steepest) ones,
+    or with `pick="spread"` its steepest to its flattest, evenly over the model's slopes (2 heads of 8: 1/2, 1/256)."""
     max_distance = relative_bias.max_distance
     offsets = torch.arange(-max_distance, max_distance + 1)
     buckets = relative_position_bucket(offsets, relative_bias.num_buckets, max_distance)
     distance = torch.zeros(relative_bias.num_buckets)
     distance = distance.scatter_reduce(0, buckets, offsets.abs().float(), "amin", include_self=False)
     heads = relative_bias.bias.embedding_dim  # one column a head
-    slopes = torch.tensor(alibi_slopes(max(heads, as_heads or heads))[:heads])
+    model = sorted(alibi_slopes(max(heads, as_heads or heads)), reverse=True)
+    picked = (
+        [round(i * (len(model) - 1) / max(heads - 1, 1)) for i in range(heads)] if pick == "spread" else range(heads)
+    )
+    slopes = torch.tensor([model[i] for i in picked])
     with torch.no_grad():
         relative_bias.bias.weight.copy_(-distance[:, None] * slopes[None, :])
 
@@ -305,7 +312,7 @@ class Encoder(nn.Module):
             )
             init_weights(relative_bias, cfg.initializer_range)  # drawn whatever the init: the same random stream
             if cfg.relative_init == "alibi":
-                alibi_init(relative_bias, cfg.alibi_heads)
+                alibi_init(relative_bias, cfg.alibi_heads, cfg.alibi_pick)
             elif cfg.relative_init == "previous_token":
                 previous_token_init(relative_bias)
         self.relative_bias = relative_bias if cfg.relative_positions else None
