@@ -292,6 +292,8 @@ def test_alibi_heads_gives_the_steeper_slopes_of_a_model_with_more_heads():
         tiny_model(alibi_heads=8).check("model")
     spread = build(tiny_model(**shape, alibi_heads=8, alibi_pick="spread")).relative_bias(4, torch.device("cpu"))[0]
     torch.testing.assert_close(spread[:, 0, 2], torch.tensor([-1.0, -2 / 256]))  # 8 heads' steepest and flattest
+    twelve = build(tiny_model(**shape, alibi_heads=12)).relative_bias(2, torch.device("cpu"))[0, :, 0, 1]
+    torch.testing.assert_close(twelve, -torch.tensor(alibi_slopes(12)[:2]))  # "first": ALiBi's own order
     one = build(tiny_model(**{**shape, "hidden": 16, "heads": 1}, alibi_heads=8, alibi_pick="spread"))
     torch.testing.assert_close(one.relative_bias(2, torch.device("cpu"))[0, :, 0, 1], torch.tensor([-0.5]))  # steepest
     with pytest.raises(ConfigError, match="alibi_pick=spread needs relative_init: alibi"):

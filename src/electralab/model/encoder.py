@@ -158,11 +158,11 @@ def alibi_init(
     distance = torch.zeros(relative_bias.num_buckets)
     distance = distance.scatter_reduce(0, buckets, offsets.abs().float(), "amin", include_self=False)
     heads = relative_bias.bias.embedding_dim  # one column a head
-    model = sorted(alibi_slopes(max(heads, as_heads or heads)), reverse=True)
-    picked = (
-        [round(i * (len(model) - 1) / max(heads - 1, 1)) for i in range(heads)] if pick == "spread" else range(heads)
-    )
-    slopes = torch.tensor([model[i] for i in picked])
+    model = alibi_slopes(max(heads, as_heads or heads))  # ALiBi's order (not monotone unless a power of two)
+    if pick == "spread":
+        model = sorted(model, reverse=True)
+        model = [model[round(i * (len(model) - 1) / max(heads - 1, 1))] for i in range(heads)]
+    slopes = torch.tensor(model[:heads])
     with torch.no_grad():
         relative_bias.bias.weight.copy_(-distance[:, None] * slopes[None, :])
 
