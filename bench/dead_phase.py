@@ -54,6 +54,9 @@ def short(length: int, share: int) -> list[str]:
     return [f"pretrain.short_seq_len={length}", f"pretrain.short_seq_until={share / 100}"]
 
 
+# ALiBi's steepest and flattest of 8 heads' slopes (1/2, 1/256) as the relative bias's start.
+SPREAD = ["model.relative_init=alibi", "model.alibi_heads=8", "model.alibi_pick=spread"]
+
 # name -> the sets it applies, as a function of the steps (warm-ups are fractions of the budget). Each is a
 # parameter of the library, documented in docs/configuration.md; the base is the preset as it is.
 CANDIDATES = {
@@ -79,7 +82,7 @@ CANDIDATES = {
     # More locality: the two heads start at the slopes ALiBi gives the first two of 8 (1/2, 1/4; own: 1/16, 1/256).
     "alibi_init_steep": lambda steps: ["model.relative_init=alibi", "model.alibi_heads=8"],
     # One head local, one free: the steepest and the flattest of 8 heads' slopes (1/2, 1/256).
-    "alibi_init_spread": lambda steps: ["model.relative_init=alibi", "model.alibi_heads=8", "model.alibi_pick=spread"],
+    "alibi_init_spread": lambda steps: [*SPREAD],
     # ...with [CLS] untied from the bias (TUPE): the steep start keeps [CLS], which every sentence task reads, local.
     "alibi_init_steep_cls": lambda steps: ["model.relative_init=alibi", "model.alibi_heads=8", "model.untie_cls=true"],
     "layers_2": lambda steps: ["model.layers=2"],
@@ -105,12 +108,8 @@ CANDIDATES = {
     "quarter": lambda steps: [f"steps={steps // 4}"],
     "short_16_25pct_half": lambda steps: [*short(16, 25), f"steps={steps // 2}"],
     "alibi_init_half": lambda steps: ["model.relative_init=alibi", f"steps={steps // 2}"],
-    "alibi_init_spread_half": lambda steps: [
-        "model.relative_init=alibi",
-        "model.alibi_heads=8",
-        "model.alibi_pick=spread",
-        f"steps={steps // 2}",
-    ],
+    "alibi_init_spread_half": lambda steps: [*SPREAD, f"steps={steps // 2}"],
+    "alibi_init_spread_quarter": lambda steps: [*SPREAD, f"steps={steps // 4}"],
     # Controlled runs of a fair Table 1 (CONTROLS below): one choice of a method changed, the rest its main row.
     "linear_head": lambda steps: ["model.detector_head=linear"],  # Eq. 6 / Sec. 3.3's sigmoid(w^T h)
     "no_scl": lambda steps: ["settings.scl=false"],
