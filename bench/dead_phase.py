@@ -4,7 +4,8 @@ At the tiny preset every ELECTRA-family detector sits at its base rate for the f
 steps. This sweep pretrains the preset's run of a method with each candidate (a named list of --set
 overrides of bench/heldout_trace.py, applied alike to every method), the collapse guard measuring every
 `--every` steps, and records where the detector leaves the base rate for good: the first check from which on
-its gain over the base rate (RTD, or COCO-LM's copy head) stays at the guard's 0.02 or above.
+its gain over the base rate (RTD, or COCO-LM's copy head) stays at the guard's 0.02 or above and its gain on the
+unigram task above 0 (it reads context, rather than calling rare words replaced).
 
     # every candidate on ELECTRA, one at a time (CPU), then the table
     ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py run --methods electra
@@ -137,6 +138,7 @@ CONTROLS = {
     "amos_generator": ("electra",),
 }
 DETECTOR_GAINS = ("rtd_base_rate_gain", "copy_base_rate_gain")  # whichever the method's detector reports
+UNIGRAM_GAIN = "detector_unigram_gain"  # the gain on random words by the corpus's frequencies (train/diagnostics.py)
 
 
 def point_name(method: str, candidate: str, seed: int) -> str:
@@ -152,26 +154,29 @@ def point_sets(candidate: str, steps: int, extra: list[str], seed: int) -> tuple
     return [item for item in sets if not item.startswith("steps=")], steps
 
 
-def detector_gains(trace: dict) -> list[tuple[int, float]]:
-    """(step, the detector's gain over its base rate) at every check after initialisation."""
+def detector_gains(trace: dict) -> list[tuple[int, float, float | None]]:
+    """(step, the detector's gain over its base rate, its gain on the unigram task) at every check after
+    initialisation; the unigram gain is None where the trace has none."""
     rows = sorted((int(step), row) for step, row in trace.items())
-    gains = [(step, next((row[k] for k in DETECTOR_GAINS if k in row), None)) for step, row in rows]
-    return [(step, g) for step, g in gains if step > 0 and g is not None]
+    gains = [(step, next((row[k] for k in DETECTOR_GAINS if k in row), None), row) for step, row in rows]
+    return [(step, g, row.get(UNIGRAM_GAIN)) for step, g, row in gains if step > 0 and g is not None]
 
 
 def left_at(trace: dict) -> int | None:
-    """The first check from which on the detector's gain stays at LEFT or above: where it left the base rate
-    for good. (A young detector can gain early from a shortcut that fades once the generator learns the
-    words' frequencies; the first check at LEFT is `first_at`.)"""
+    """The first check from which on the detector's gain stays at LEFT or above and its gain on the unigram task
+    above 0: where it left the base rate for good, reading context. A young detector can gain early from a
+    shortcut, calling rare words replaced, which the unigram task exposes (below 0) and which fades once the
+    generator learns the words' frequencies (not with flatter samples: `temperature_2`); the first check at LEFT
+    is `first_at`."""
     gains = detector_gains(trace)
-    for i, (step, _) in enumerate(gains):
-        if all(g >= LEFT for _, g in gains[i:]):
+    for i, (step, _, _) in enumerate(gains):
+        if all(g >= LEFT and (u is None or u > 0) for _, g, u in gains[i:]):
             return step
     return None
 
 
 def first_at(trace: dict) -> int | None:
-    return next((step for step, g in detector_gains(trace) if g >= LEFT), None)
+    return next((step for step, g, _ in detector_gains(trace) if g >= LEFT), None)
 
 
 def project_relative(path: str) -> str:
@@ -331,10 +336,11 @@ def table(args) -> None:
         "fine-tuned: signal (STS-B, MRPC, CoLA medians; fine-tuning seeds) |"
     )
     print("|---" * 13 + "|")
-    for p in sorted(points, key=lambda p: (p["method"], p["left_at"] or 1e9, p["candidate"], p["seed"])):
+    # The exit is read from the trace again (a point's own `left_at` is what the bench's rule was when it ran).
+    for p in sorted(points, key=lambda p: (p["method"], left_at(p["trace"]) or 1e9, p["candidate"], p["seed"])):
         last = p["trace"][max(p["trace"], key=int)] if p["trace"] else {}
         gain = next((last[k] for k in DETECTOR_GAINS if k in last), float("nan"))
-        left = p["left_at"]
+        left = left_at(p["trace"])
         reached = max(map(int, p["trace"]), default=0)
         share = f"{left / p['steps']:.0%}" if left else f"not by step {reached}"
         state = (
@@ -347,7 +353,7 @@ def table(args) -> None:
         print(
             f"| {p['method']} | {p['candidate']}{state} | {p['seed']} | {left or '-'} | {share} | "
             f"{f'{left * tokens_per_step(p, preset) / 1e6:.1f}M' if left else '-'} | "
-            f"{p.get('first_at') or '-'} | {gain:.3f} | {last.get('detector_unigram_gain', float('nan')):.3f} | "
+            f"{first_at(p['trace']) or '-'} | {gain:.3f} | {last.get(UNIGRAM_GAIN, float('nan')):.3f} | "
             f"{last.get('attention_entropy', float('nan')):.3f} | {p['minutes']:.1f} | "
             f"{p['device']}, {p['precision']} | {finetuned(p)} |"
         )
@@ -372,7 +378,7 @@ def curves(args) -> None:
     for ax, method in zip(axes[0], methods):
         mine = sorted((p for p in points if p["method"] == method), key=lambda p: (p["candidate"], p["seed"]))
         for k, p in enumerate(mine):
-            steps, gains = zip(*detector_gains(p["trace"]))
+            steps, gains, _ = zip(*detector_gains(p["trace"]))
             tokens = [s * tokens_per_step(p, preset) / 1e6 for s in steps]
             base = p["candidate"] == "base"
             ax.plot(
@@ -442,7 +448,7 @@ def pack(args) -> None:
     with tarfile.open(args.to / "points.tar.gz", "w:gz") as tar:
         tar.add(args.out / "points", arcname="points")
     points = [p for p in load_points(args.out) if not p.get("paused") and not p.get("error")]
-    ranked = sorted(points, key=lambda p: (p["candidate"] != "base", p["left_at"] or 1e9))
+    ranked = sorted(points, key=lambda p: (p["candidate"] != "base", left_at(p["trace"]) or 1e9))
     for p in ranked[: args.best]:
         name = point_name(p["method"], p["candidate"], p["seed"])
         with tarfile.open(args.to / f"{name}.tar", "w") as tar:

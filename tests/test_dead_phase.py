@@ -52,6 +52,14 @@ def test_left_for_good_is_after_the_last_dip_and_first_is_the_shortcut():
     assert dead_phase.left_at({"250": {"mlm_acc": 0.3}}) is None  # MLM has no detector
 
 
+def test_a_detector_below_the_unigram_tasks_base_rate_has_not_left_it():
+    unigram = (0.0, -0.1, -0.2, 0.05)  # it calls rare words replaced, then, from step 750, reads context
+    trace = {str(250 * i): {"rtd_base_rate_gain": 0.15, "detector_unigram_gain": u} for i, u in enumerate(unigram)}
+    assert dead_phase.first_at(trace) == 250 and dead_phase.left_at(trace) == 750
+    del trace["750"]
+    assert dead_phase.left_at(trace) is None
+
+
 def test_every_candidate_is_a_list_of_sets_and_warmups_follow_the_budget():
     for name, sets in dead_phase.CANDIDATES.items():
         assert all("=" in item for item in sets(8000)), name
