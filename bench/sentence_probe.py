@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -151,9 +153,11 @@ def main() -> None:
                 f"{directory}: not an exported encoder (no config.json; pretrain@<run> writes models/<run>/encoder)"
             )
     torch.set_num_threads(args.threads)
+    start, load = time.time(), os.getloadavg()[0]
 
-    from electralab.env import data_root
+    from electralab.env import data_root, source_commit
     from electralab.finetune.tasks import TASKS, read_split
+    from electralab.train.common import machine
 
     stsb = TASKS["stsb"]
     splits = {"train": read_split(stsb, "train", data_root()), "dev": read_split(stsb, "dev", data_root())}
@@ -172,6 +176,14 @@ def main() -> None:
                 f"{row['ridge_mean']:.1f} | {row['ridge_uv']:.1f} |",
                 flush=True,
             )
+    result["provenance"] = {  # what a committed copy says of where it came from
+        "commit": source_commit(ROOT),
+        "device": machine(torch.device("cpu")),
+        "threads": args.threads,
+        "load_at_start": load,
+        "minutes": (time.time() - start) / 60,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
