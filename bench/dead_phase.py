@@ -110,7 +110,6 @@ CANDIDATES = {
     "short_16_25pct_half": lambda steps: [*short(16, 25), f"steps={steps // 2}"],
     "alibi_init_half": lambda steps: ["model.relative_init=alibi", f"steps={steps // 2}"],
     "alibi_init_spread_half": lambda steps: [*SPREAD, f"steps={steps // 2}"],
-    "alibi_init_spread_quarter": lambda steps: [*SPREAD, f"steps={steps // 4}"],
     # Controlled runs of a fair Table 1 (CONTROLS below): one choice of a method changed, the rest its main row.
     "linear_head": lambda steps: ["model.detector_head=linear"],  # Eq. 6 / Sec. 3.3's sigmoid(w^T h)
     "no_scl": lambda steps: ["settings.scl=false"],
