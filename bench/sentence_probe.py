@@ -4,6 +4,7 @@ the lexical-overlap baseline that needs no model at all.
     ELECTRALAB_DATA=../shared/data PYTHONPATH=src python bench/sentence_probe.py \
         models/control/encoder models/mlm/encoder models/electra/encoder
     # options: --max-len 128  --threads 2  --out bench/out/sentence_probe.json
+    python bench/sentence_probe.py --compare results/sentence_probe/*.json   # probe against fine-tuning
 
 Why: at the tiny preset ELECTRA's encoder fine-tunes to STS-B Spearman 75 and MLM's to 13-18, the control's
 (no pretraining) to 17 (docs/findings.md). This says where that difference lives. Every encoder is frozen
@@ -19,6 +20,11 @@ Why: at the tiny preset ELECTRA's encoder fine-tunes to STS-B Spearman 75 and ML
 
 A ridge probe standardises its features and takes its penalty (1e-2 .. 1e4) from the last fifth of the
 training pairs, then refits on all of them. Layer 0 is the embeddings.
+
+`--compare` probes nothing: it reads probe results and sets each encoder's final-layer "ridge mean" beside the
+five-seed STS-B median of the fine-tuned point that names the encoder (results/*/points/*.json, written by
+`bench/dead_phase.py finetune`), and prints the Spearman between the two: whether the probe can screen a sweep
+(`--measure`, `--peak`: another measure of the file, e.g. bench/pair_attention.py's, at its highest layer).
 """
 
 from __future__ import annotations
@@ -140,13 +146,56 @@ def overlap(splits: dict, tokenizer_dir: Path) -> dict:
     }
 
 
+def compare(
+    probe_files: list[Path], points: list[Path], measure: str = "ridge_mean", peak: bool = False
+) -> list[tuple[str, float, float]]:
+    """(encoder, its final layer's `measure` (with `peak`, its highest layer's), its fine-tuned STS-B median) for
+    each probed encoder that one of the `points` (bench/dead_phase.py's point files) names and has fine-tuned; the
+    rest are left out."""
+    finetuned = {}
+    for path in points:
+        point = json.loads(path.read_text())
+        if point.get("finetune") and point.get("encoder"):
+            finetuned[point["encoder"]] = point["finetune"]["stsb"]["median"]
+    rows = []
+    for path in probe_files:
+        for found in json.loads(path.read_text())["encoders"]:
+            if measure not in found["layers"][-1]:
+                sys.exit(f"error: {path}: no measure {measure!r}; it has {sorted(found['layers'][-1])}")
+            if found["encoder"] in finetuned:
+                values = [layer[measure] for layer in found["layers"] if layer[measure] == layer[measure]]  # not NaN
+                rows.append((found["encoder"], max(values) if peak else values[-1], finetuned[found["encoder"]]))
+    return rows
+
+
+def print_comparison(probe_files: list[Path], measure: str, peak: bool) -> None:
+    rows = compare(probe_files, sorted(ROOT.glob("results/*/points/*.json")), measure, peak)
+    if len(rows) < 3:
+        sys.exit(f"error: {len(rows)} probed encoder(s) with a fine-tuned point in results/*/points/; need 3")
+    layer = "highest" if peak else "final"
+    print(f"| encoder | {measure}, {layer} layer | fine-tuned STS-B (median of 5 seeds) |\n|---|---|---|")
+    for encoder, probed, tuned in sorted(rows, key=lambda row: row[2]):
+        print(f"| {encoder} | {probed:.3g} | {tuned:.1f} |")
+    rho = spearman([row[1] for row in rows], [row[2] for row in rows]) / 100
+    print(f"Spearman between {measure} and fine-tuning over {len(rows)} encoders: {rho:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("encoders", nargs="+", type=Path, help="exported encoder directories (models/<run>/encoder)")
+    ap.add_argument("encoders", nargs="*", type=Path, help="exported encoder directories (models/<run>/encoder)")
+    ap.add_argument(
+        "--compare", nargs="+", type=Path, metavar="PROBE_JSON", help="probe results to set beside fine-tuning"
+    )
+    ap.add_argument("--measure", default="ridge_mean", help="with --compare: the measure to read (a key of the layers)")
+    ap.add_argument("--peak", action="store_true", help="with --compare: the measure's highest layer, not the final")
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "sentence_probe.json")
     args = ap.parse_args()
+    if args.compare:
+        return print_comparison(args.compare, args.measure, args.peak)
+    if not args.encoders:
+        ap.error("give encoder directories to probe, or --compare PROBE_JSON ...")
     for directory in args.encoders:  # before any work: a wrong path fails by name, not after the first probes
         if not (directory / "config.json").is_file():
             ap.error(

@@ -5,7 +5,9 @@ padding of its batch."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -49,3 +51,30 @@ def test_layer_states_are_cls_and_the_mean_over_real_tokens():
         for layer, h in enumerate(alone):
             assert np.allclose(cls[layer][row], h[0, 0].numpy(), atol=1e-5)
             assert np.allclose(mean[layer][row], h[0].mean(0).numpy(), atol=1e-5)
+
+
+def test_compare_pairs_each_probed_encoder_with_its_fine_tuned_point(tmp_path):
+    def point(name: str, encoder: str, stsb: float | None) -> Path:
+        finetune = {"stsb": {"median": stsb}} if stsb is not None else None
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"encoder": encoder, "finetune": finetune}))
+        return path
+
+    def layers(*ridge_mean: float) -> list[dict]:
+        return [{"layer": i, "ridge_mean": value} for i, value in enumerate(ridge_mean)]
+
+    probes = tmp_path / "probe.json"
+    probes.write_text(
+        json.dumps(
+            {
+                "encoders": [
+                    {"encoder": "m/a/encoder", "layers": layers(90.0, 10.0)},  # the final layer is read
+                    {"encoder": "m/b/encoder", "layers": layers(0.0, 30.0)},
+                    {"encoder": "m/c/encoder", "layers": layers(0.0, 20.0)},  # not fine-tuned: left out
+                    {"encoder": "m/d/encoder", "layers": layers(0.0, 40.0)},  # no point names it: left out
+                ]
+            }
+        )
+    )
+    points = [point("a", "m/a/encoder", 15.0), point("b", "m/b/encoder", 50.0), point("c", "m/c/encoder", None)]
+    assert sentence_probe.compare([probes], points) == [("m/a/encoder", 10.0, 15.0), ("m/b/encoder", 30.0, 50.0)]

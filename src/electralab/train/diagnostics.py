@@ -108,18 +108,24 @@ def attention_inputs(encoder: Encoder) -> Iterator[list[tuple[SelfAttention, tor
             hook.remove()
 
 
-def attention_entropy(
-    attention: SelfAttention, x: torch.Tensor, bias: torch.Tensor | None, attention_mask: torch.Tensor
-) -> float:
-    """The mean entropy of the attention distributions of the real tokens (over heads and queries), each
-    over the entropy of the uniform distribution on its input's real keys: 1.0 when every token attends
-    evenly to all, lower as attention picks. Recomputed from q and k in fp32 (SDPA returns no weights)."""
+def attention_probs(attention: SelfAttention, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The attention probabilities (B, heads, T, T) of one recorded call (attention_inputs), recomputed from q
+    and k in fp32: SDPA returns no weights."""
     B, T, H = x.shape
     q, k, _ = attention.qkv(x.float()).view(B, T, 3, attention.heads, H // attention.heads).permute(2, 0, 3, 1, 4)
     scores = q @ k.transpose(-1, -2) / math.sqrt(H // attention.heads)  # (B, heads, T, T)
     if bias is not None:
         scores = scores + bias.float()
-    p = scores.softmax(-1)
+    return scores.softmax(-1)
+
+
+def attention_entropy(
+    attention: SelfAttention, x: torch.Tensor, bias: torch.Tensor | None, attention_mask: torch.Tensor
+) -> float:
+    """The mean entropy of the attention distributions of the real tokens (over heads and queries), each
+    over the entropy of the uniform distribution on its input's real keys: 1.0 when every token attends
+    evenly to all, lower as attention picks."""
+    p = attention_probs(attention, x, bias)
     entropy = -(p * p.clamp_min(torch.finfo(p.dtype).tiny).log()).sum(-1).mean(1)  # (B, T): mean over heads
     uniform = attention_mask.sum(-1, keepdim=True).float().log().clamp_min(1e-6)  # (B, 1); one key: 0 / 0
     return float((entropy / uniform)[attention_mask].mean())
