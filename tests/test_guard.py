@@ -205,3 +205,25 @@ def test_a_run_collapsed_on_purpose_stops_by_name_fails_in_mlflow_and_leaves_no_
         "collapsed at step" in text
     )
     assert report["tables"]["coco-lm/table1"].frame.query("run == 'electra'")["ours"].isna().all()
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_the_recomputed_attention_is_the_attention_the_layer_applies(qk_norm):
+    from electralab.config import EncoderConfig
+    from electralab.model.encoder import Encoder, make_token_embedding
+    from electralab.train.diagnostics import attention_probs
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(hidden=16, layers=2, heads=2, ffn=32, embedding=16, max_positions=32, qk_norm=qk_norm)
+    encoder = Encoder(cfg, make_token_embedding(100, 16)).eval()
+    for layer in encoder.layers:  # attention that picks, so a missed norm or bias shows
+        torch.nn.init.normal_(layer.attention.qkv.weight, std=1.0)
+    ids, mask = torch.randint(5, 100, (2, 12)), torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 7:] = False
+    with attention_inputs(encoder) as calls:
+        encoder(ids, mask)
+    for attention, x, bias in calls:
+        B, T, H = x.shape
+        v = attention.qkv(x).view(B, T, 3, cfg.heads, H // cfg.heads)[:, :, 2].transpose(1, 2)
+        mixed = (attention_probs(attention, x, bias) @ v).transpose(1, 2).reshape(B, T, H)
+        assert torch.allclose(attention.out(mixed), attention(x, bias), atol=1e-5)

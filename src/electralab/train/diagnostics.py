@@ -110,9 +110,11 @@ def attention_inputs(encoder: Encoder) -> Iterator[list[tuple[SelfAttention, tor
 
 def attention_probs(attention: SelfAttention, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The attention probabilities (B, heads, T, T) of one recorded call (attention_inputs), recomputed from q
-    and k in fp32: SDPA returns no weights."""
+    and k in fp32 as the module computes them (its qk_norm included): SDPA returns no weights."""
     B, T, H = x.shape
     q, k, _ = attention.qkv(x.float()).view(B, T, 3, attention.heads, H // attention.heads).permute(2, 0, 3, 1, 4)
+    if attention.q_norm is not None:
+        q, k = attention.q_norm(q), attention.k_norm(k)
     scores = q @ k.transpose(-1, -2) / math.sqrt(H // attention.heads)  # (B, heads, T, T)
     if bias is not None:
         scores = scores + bias.float()
