@@ -131,6 +131,19 @@ def resolve(run_name: str, sets: list[str], steps: int, every: int):
     return resolve_run(resolved, run_name), resolved, vocab_sets
 
 
+def held_out(runlog: Path) -> dict[int, dict[str, float]]:
+    """step -> every held-out diagnostic of the run that trained the point's encoder: the newest in its run log. A
+    resumed run logs on into its own run; an attempt killed before its first checkpoint leaves a run of its own,
+    closed KILLED by the next attempt, which starts again from step 0."""
+    from electralab.runlog import read_runs
+
+    at: dict[int, dict[str, float]] = {}
+    for key, value, _, step in read_runs(runlog)[-1].metrics:
+        if key.startswith("heldout_"):
+            at.setdefault(step, {})[key.removeprefix("heldout_")] = value
+    return {step: at[step] for step in sorted(at)}
+
+
 def trace(
     run_name: str,
     sets: list[str],
@@ -151,7 +164,6 @@ def trace(
     A ConfigError names a bad --set before any training."""
     from signal_sweep import build_data
 
-    from electralab.runlog import read_runs
     from electralab.train.diagnostics import collapse, guard_active
     from electralab.train.loop import pretrain
 
@@ -175,17 +187,13 @@ def trace(
         paused, reached, minutes = bool(summary.get("paused")), summary["steps"], summary["wall_hours"] * 60
     except Exception as e:  # a failed run (a diverged loss) still has its trace
         error = f"{type(e).__name__}: {e}"
-    (logged,) = read_runs(Path(os.environ["ELECTRALAB_RUNLOG"]))
-    at: dict[int, dict[str, float]] = {}  # step -> every held-out diagnostic
-    for key, value, _, step in logged.metrics:
-        if key.startswith("heldout_"):
-            at.setdefault(step, {})[key.removeprefix("heldout_")] = value
+    at = held_out(Path(os.environ["ELECTRALAB_RUNLOG"]))
     fails = [
         s for s in sorted(at) if guard_active(s, steps, run.pretrain.warmup_steps, guard) and collapse(at[s], guard)
     ]
     return {
         "name": name,
-        "trace": {s: at[s] for s in sorted(at)},
+        "trace": at,
         "guard_fails": fails,
         "guard_stops_at": fails[0] if fails else None,
         "guard_after": guard.after,

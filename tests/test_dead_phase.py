@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,19 @@ def test_the_docs_show_the_committed_points_as_the_bench_renders_them(capsys, fo
     shown = text.split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- end {marker} -->", 1)[0]
     assert shown.strip() == rendered, f"docs/{page}: run `python bench/dead_phase.py --out results/{folder} table`"
     assert rendered.count("\n| electra |") >= {"dead_phase": 16, "dead_phase_signal": 2, "controlled": 1}[folder]
+
+
+def test_the_trace_reads_the_run_that_trained_the_encoder_not_an_attempt_killed_before_it(tmp_path):
+    import heldout_trace
+
+    from electralab.runlog import FileClient
+
+    client = FileClient(tmp_path)
+    killed = client.create_run("electralab-tiny", "electra-base-s1").info.run_id
+    client.log_metrics(killed, {"heldout_rtd_base_rate_gain": 0.5, "loss": 9.0}, step=100)
+    client.set_terminated(killed, "KILLED")
+    time.sleep(0.01)  # the log orders runs by their start, in milliseconds (real attempts are minutes apart)
+    trained = client.create_run("electralab-tiny", "electra-base-s1").info.run_id  # again from step 0
+    for step, gain in ((200, 0.03), (100, 0.01)):
+        client.log_metrics(trained, {"heldout_rtd_base_rate_gain": gain, "loss": 8.0}, step=step)
+    assert heldout_trace.held_out(tmp_path) == {100: {"rtd_base_rate_gain": 0.01}, 200: {"rtd_base_rate_gain": 0.03}}
