@@ -23,7 +23,6 @@ measure beside each encoder's fine-tuned STS-B.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -88,12 +87,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     start, load = time.time(), os.getloadavg()[0]
 
+    from sentence_probe import write_result
+
     from electralab.data.vocab import Tokenizer
-    from electralab.env import data_root, source_commit
+    from electralab.env import data_root
     from electralab.export import load_encoder
     from electralab.finetune.features import encode_pairs
     from electralab.finetune.tasks import TASKS, read_split
-    from electralab.train.common import machine
 
     dev = read_split(TASKS["stsb"], "dev", data_root())
     result = {"encoders": []}
@@ -109,16 +109,7 @@ def main() -> None:
                 f"{row['even']:.3f} |",
                 flush=True,
             )
-    result["provenance"] = {  # what a committed copy says of where it came from
-        "commit": source_commit(ROOT),
-        "device": machine(torch.device("cpu")),
-        "threads": args.threads,
-        "load_at_start": load,
-        "minutes": (time.time() - start) / 60,
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, args.threads, load, start)
 
 
 if __name__ == "__main__":

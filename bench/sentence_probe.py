@@ -180,6 +180,24 @@ def print_comparison(probe_files: list[Path], measure: str, peak: bool) -> None:
     print(f"Spearman between {measure} and fine-tuning over {len(rows)} encoders: {rho:.2f}")
 
 
+def write_result(out: Path, result: dict, threads: int, load: float, start: float) -> None:
+    """`result` to `out` as JSON, with what a committed copy says of where it came from (the load at the start, the
+    minutes since `start`)."""
+    from electralab.env import source_commit
+    from electralab.train.common import machine
+
+    result["provenance"] = {
+        "commit": source_commit(ROOT),
+        "device": machine(torch.device("cpu")),
+        "threads": threads,
+        "load_at_start": load,
+        "minutes": (time.time() - start) / 60,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("encoders", nargs="*", type=Path, help="exported encoder directories (models/<run>/encoder)")
@@ -204,9 +222,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     start, load = time.time(), os.getloadavg()[0]
 
-    from electralab.env import data_root, source_commit
+    from electralab.env import data_root
     from electralab.finetune.tasks import TASKS, read_split
-    from electralab.train.common import machine
 
     stsb = TASKS["stsb"]
     splits = {"train": read_split(stsb, "train", data_root()), "dev": read_split(stsb, "dev", data_root())}
@@ -225,16 +242,7 @@ def main() -> None:
                 f"{row['ridge_mean']:.1f} | {row['ridge_uv']:.1f} |",
                 flush=True,
             )
-    result["provenance"] = {  # what a committed copy says of where it came from
-        "commit": source_commit(ROOT),
-        "device": machine(torch.device("cpu")),
-        "threads": args.threads,
-        "load_at_start": load,
-        "minutes": (time.time() - start) / 60,
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, args.threads, load, start)
 
 
 if __name__ == "__main__":
