@@ -33,6 +33,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from sentence_probe import TOKENIZER_HELP, write_result  # noqa: E402
 
 
 def across_the_pair(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -78,6 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("encoders", nargs="+", type=Path, help="exported encoder directories (models/<run>/encoder)")
     ap.add_argument("--max-len", type=int, default=128)
+    ap.add_argument("--tokenizer", type=Path, help=TOKENIZER_HELP)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "pair_attention.json")
     args = ap.parse_args()
@@ -86,8 +90,6 @@ def main() -> None:
             ap.error(f"{directory}: not an exported encoder (no config.json)")
     torch.set_num_threads(args.threads)
     start, load = time.time(), os.getloadavg()[0]
-
-    from sentence_probe import write_result
 
     from electralab.data.vocab import Tokenizer
     from electralab.env import data_root
@@ -99,7 +101,7 @@ def main() -> None:
     result = {"encoders": []}
     print("| encoder | layer | same piece (mean over heads) | best head | even |\n|---|---|---|---|---|")
     for encoder_dir in args.encoders:
-        tokenizer, encoder = Tokenizer(encoder_dir), load_encoder(encoder_dir).eval()
+        tokenizer, encoder = Tokenizer(args.tokenizer or encoder_dir), load_encoder(encoder_dir).eval()
         encoded = encode_pairs(tokenizer, dev.text_a, dev.text_b, np.zeros(len(dev.labels)), args.max_len)
         rows = measure(encoder, encoded)
         result["encoders"].append({"encoder": str(encoder_dir), "layers": rows})

@@ -43,6 +43,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+TOKENIZER_HELP = (
+    "the tokenizer of encoders that carry none (a checkpoint's fractions/<pct>/encoder): the run's exported encoder "
+    "or its vocab directory (default: each encoder's own)"
+)
 PENALTIES = (1e-2, 1e-1, 1.0, 10.0, 1e2, 1e3, 1e4)
 
 
@@ -92,12 +96,12 @@ def ridge(train_x: np.ndarray, train_y: np.ndarray, dev_x: np.ndarray) -> np.nda
     return dev_x @ w + b
 
 
-def probe(encoder_dir: Path, splits: dict, max_len: int) -> dict:
+def probe(encoder_dir: Path, splits: dict, max_len: int, tokenizer_dir: Path | None = None) -> dict:
     from electralab.data.vocab import Tokenizer
     from electralab.export import load_encoder
     from electralab.finetune.features import encode_pairs
 
-    tokenizer, encoder = Tokenizer(encoder_dir), load_encoder(encoder_dir).eval()
+    tokenizer, encoder = Tokenizer(tokenizer_dir or encoder_dir), load_encoder(encoder_dir).eval()
     states = {}
     for name, split in splits.items():
         none = np.zeros(len(split.labels), np.float32)
@@ -207,6 +211,7 @@ def main() -> None:
     ap.add_argument("--measure", default="ridge_mean", help="with --compare: the measure to read (a key of the layers)")
     ap.add_argument("--peak", action="store_true", help="with --compare: the measure's highest layer, not the final")
     ap.add_argument("--max-len", type=int, default=128)
+    ap.add_argument("--tokenizer", type=Path, help=TOKENIZER_HELP)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "sentence_probe.json")
     args = ap.parse_args()
@@ -227,14 +232,14 @@ def main() -> None:
 
     stsb = TASKS["stsb"]
     splits = {"train": read_split(stsb, "train", data_root()), "dev": read_split(stsb, "dev", data_root())}
-    result = {"overlap": overlap(splits, args.encoders[0]), "encoders": []}
+    result = {"overlap": overlap(splits, args.tokenizer or args.encoders[0]), "encoders": []}
     print(f"STS-B dev Spearman x 100 ({len(splits['train'].labels)} train, {len(splits['dev'].labels)} dev pairs)")
     print(
         f"overlap, no model: words {result['overlap']['words']:.1f}, BPE pieces {result['overlap']['bpe_pieces']:.1f}"
     )
     print("| encoder | layer | cosine | ridge [CLS] | ridge mean | ridge u,v |\n|---|---|---|---|---|---|")
     for encoder_dir in args.encoders:
-        found = probe(encoder_dir, splits, args.max_len)
+        found = probe(encoder_dir, splits, args.max_len, args.tokenizer)
         result["encoders"].append(found)
         for row in found["layers"]:
             print(
