@@ -4,13 +4,13 @@ of one sentence sends to the same piece in the other, on STS-B dev pairs encoded
 
     ELECTRALAB_DATA=../shared/data PYTHONPATH=src python bench/pair_attention.py --threads 1 \
         models/control/encoder models/electra/encoder --out bench/out/pair_attention.json
-    python bench/sentence_probe.py --compare bench/out/pair_attention.json --measure same_piece
+    python bench/sentence_probe.py --compare results/pair_attention/encoders.json --measure same_piece --peak
 
 Why: at the tiny preset STS-B fine-tuning follows the pretraining tokens, and a local start (ALiBi) that ends the
-detector's dead phase early fine-tunes lower than the preset's start at the same budget (docs/findings.md, "Where
-this leaves the preset"). One guess: STS-B at this scale reads whether the same pieces recur across the pair, and
-the preset's last layer learns to look for them when its dead phase ends, which a local start routes around. Per
-layer, over every query piece that also occurs in the other sentence:
+detector's dead phase early fine-tunes lower than the preset's start at the same budget. What STS-B reads there is
+this: the highest layer's same_piece follows fine-tuned STS-B across encoders, a local start suppresses it, and along
+one run it grows with the tokens through the detector's exit (docs/findings.md, "What STS-B reads at this scale").
+Per layer, over every query piece that also occurs in the other sentence:
 
 - same_piece: the attention mass on those occurrences, the mean over heads;
 - best_head: the same for the head that sends the most;
