@@ -562,3 +562,33 @@ def test_cpu_training_attention_is_sdpa_when_nothing_is_dropped():
     torch.testing.assert_close(attn(x, None), attn.eval()(x, None), atol=1e-5, rtol=1e-5)
     attn.train().dropout_p = 0.5  # and it does drop (the check can fail)
     assert not torch.allclose(attn(x, bias), want, atol=1e-3)
+
+
+def test_same_piece_init_starts_a_token_looking_at_its_other_occurrences_not_itself():
+    from electralab.train.diagnostics import attention_inputs, attention_probs
+
+    # the tiny preset's width: at 2 heads of 64 a token's own logit stands well above the random ones
+    shape = dict(layers=2, hidden=128, embedding=128, ffn=256, relative_buckets=32, relative_max_distance=128)
+    plain, prior = build(tiny_model(**shape)), build(tiny_model(**shape, same_piece_init=4.0))
+    first = prior.layers[0].attention.qkv.weight
+    assert torch.equal(first[:128], first[128:256])  # one map for queries and keys
+    own = prior.relative_bias(3, torch.device("cpu"))[0]
+    assert bool((own[:, [0, 1, 2], [0, 1, 2]] == -4.0).all())  # the token itself held back
+    # Only layer 1's queries and keys and the bias's distance 0 differ: the same random stream drew the rest.
+    moved = ("layers.0.attention.qkv", "relative_bias")
+    others = {k: v for k, v in plain.state_dict().items() if not k.startswith(moved)}
+    assert all(torch.equal(v, prior.state_dict()[k]) for k, v in others.items())
+    # Pairs [CLS] a [SEP] b [SEP] of random pieces, one piece in both (at 3 and 12): the share layer 1 sends from
+    # the first to the second, against even attention's 1/16.
+    torch.manual_seed(1)
+    ids = torch.randint(5, VOCAB, (64, 16))
+    ids[:, 0], ids[:, 8], ids[:, 15], ids[:, 12] = 1, 2, 2, ids[:, 3]
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    share = {}
+    for name, encoder in (("plain", plain), ("prior", prior)):
+        with attention_inputs(encoder) as calls:
+            encoder(ids, mask)
+        share[name] = float(attention_probs(*calls[0])[:, :, 3, 12].mean())
+    assert share["plain"] < 2 / 16 and share["prior"] > 4 / 16, share
+    with pytest.raises(ConfigError, match="same_piece_init=4.0 needs relative_positions"):
+        tiny_model(same_piece_init=4.0, relative_positions=False).check("model")

@@ -217,6 +217,13 @@ class EncoderConfig:
     # column instead, from 0 (TUPE, Ke et al. 2021, Sec. 3.2). With a local start (alibi_heads) the bias would
     # keep the token every sentence task reads to its first few neighbours. False: the papers' (T5's) bias.
     untie_cls: bool = False
+    # same_piece_init: a prior for the head that sends a piece's attention to the same piece elsewhere in the input
+    # (what STS-B reads at the tiny preset, and what forms only late; docs/findings.md, "What STS-B reads at this
+    # scale"). Layer 1's query and key maps start as one map per head, scaled so that a token's logit on its own key
+    # is about this value, and the relative bias's distance-0 bucket starts at minus it, so each token's attention
+    # starts on its other occurrences (the query-key half of mimetic initialisation, Trockman and Kolter 2023, with
+    # the token itself held back). 4: STS-B's pairs start at the share finished encoders with signal hold. None: off.
+    same_piece_init: float | None = bounded(None, lo=0.0)
 
     def check(self, where: str) -> None:
         if self.hidden % self.heads:
@@ -236,6 +243,8 @@ class EncoderConfig:
             raise ConfigError(f"{where}: alibi_pick={self.alibi_pick} needs relative_init: alibi")
         if self.untie_cls and not self.relative_positions:
             raise ConfigError(f"{where}: untie_cls=true needs relative_positions: true")
+        if self.same_piece_init is not None and not self.relative_positions:
+            raise ConfigError(f"{where}: same_piece_init={self.same_piece_init} needs relative_positions: true")
 
 
 @dataclass(frozen=True)

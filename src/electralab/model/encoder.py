@@ -177,6 +177,22 @@ def previous_token_init(relative_bias: RelativePositionBias) -> None:
         relative_bias.bias.weight[itself] = -1.0
 
 
+def same_piece_init(attention: SelfAttention, logit: float) -> None:
+    """Start each head's key map as its query map, both made orthonormal (from the query weights as drawn, so the
+    random stream is unchanged) and scaled so that a token's logit on its own key is about `logit`: for a normalised
+    input (unit variance per feature) |U x|^2 is about the head's width d, and the logit is s^2 d / sqrt(d)."""
+    hidden = attention.qkv.in_features
+    d = hidden // attention.heads
+    scale = (logit / math.sqrt(d)) ** 0.5
+    with torch.no_grad():
+        for head in range(attention.heads):
+            query, key = slice(head * d, (head + 1) * d), slice(hidden + head * d, hidden + (head + 1) * d)
+            orthonormal = torch.linalg.qr(attention.qkv.weight[query].T).Q.T  # (d, hidden)
+            attention.qkv.weight[query] = scale * orthonormal
+            attention.qkv.weight[key] = scale * orthonormal
+        attention.qkv.bias[: 2 * hidden].zero_()
+
+
 class Embeddings(nn.Module):
     """Shared token table (+ absolute positions) -> LayerNorm -> dropout -> projection to hidden."""
 
@@ -315,10 +331,16 @@ class Encoder(nn.Module):
                 alibi_init(relative_bias, cfg.alibi_heads, cfg.alibi_pick)
             elif cfg.relative_init == "previous_token":
                 previous_token_init(relative_bias)
+            if cfg.same_piece_init is not None:  # the token itself held back (same_piece_init, below)
+                itself = relative_position_bucket(torch.tensor(0), cfg.relative_buckets, cfg.relative_max_distance)
+                with torch.no_grad():
+                    relative_bias.bias.weight[itself] = -cfg.same_piece_init
         self.relative_bias = relative_bias if cfg.relative_positions else None
         new_layers = [TransformerLayer(cfg) for _ in range(own)]
         for layer in new_layers:
             init_layer(layer, cfg)
+        if cfg.same_piece_init is not None and new_layers and not shared_layers:  # layer 1 is this encoder's own
+            same_piece_init(new_layers[0].attention, cfg.same_piece_init)
         self.layers = nn.ModuleList([*shared_layers, *new_layers])
         if final_norm is None and cfg.norm == "pre":
             final_norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
