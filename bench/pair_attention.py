@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from sentence_probe import TOKENIZER_HELP, write_result  # noqa: E402
+from sentence_probe import TOKENIZER_HELP, check_encoders, write_result  # noqa: E402
 
 
 def across_the_pair(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -85,9 +85,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "pair_attention.json")
     args = ap.parse_args()
-    for directory in args.encoders:  # before any work: a wrong path fails by name
-        if not (directory / "config.json").is_file():
-            ap.error(f"{directory}: not an exported encoder (no config.json)")
+    check_encoders(ap, args.encoders)
     torch.set_num_threads(args.threads)
     start, load = time.time(), os.getloadavg()[0]
 

@@ -202,6 +202,15 @@ def write_result(out: Path, result: dict, threads: int, load: float, start: floa
     out.write_text(json.dumps(result, indent=2) + "\n")
 
 
+def check_encoders(ap: argparse.ArgumentParser, encoders: list[Path]) -> None:
+    """Before any work, so a wrong path fails by name, not after the first probes."""
+    for directory in encoders:
+        if not (directory / "config.json").is_file():
+            ap.error(
+                f"{directory}: not an exported encoder (no config.json; pretrain@<run> writes models/<run>/encoder)"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("encoders", nargs="*", type=Path, help="exported encoder directories (models/<run>/encoder)")
@@ -219,11 +228,7 @@ def main() -> None:
         return print_comparison(args.compare, args.measure, args.peak)
     if not args.encoders:
         ap.error("give encoder directories to probe, or --compare PROBE_JSON ...")
-    for directory in args.encoders:  # before any work: a wrong path fails by name, not after the first probes
-        if not (directory / "config.json").is_file():
-            ap.error(
-                f"{directory}: not an exported encoder (no config.json; pretrain@<run> writes models/<run>/encoder)"
-            )
+    check_encoders(ap, args.encoders)
     torch.set_num_threads(args.threads)
     start, load = time.time(), os.getloadavg()[0]
 

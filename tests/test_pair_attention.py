@@ -3,6 +3,7 @@ across a sentence pair, and that even attention sends exactly what the `even` co
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import torch
@@ -43,3 +44,17 @@ def test_even_attention_sends_the_even_share():
     for row in rows:
         assert abs(row["even"] - even) < 1e-9
         assert abs(row["same_piece"] - even) < 1e-5 and abs(row["best_head"] - even) < 1e-5
+
+
+def test_a_directory_that_is_not_an_encoder_fails_by_name_before_any_work(tmp_path):
+    (tmp_path / "encoder").mkdir()
+    out = tmp_path / "out.json"
+    for script in ("pair_attention.py", "sentence_probe.py"):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / script), str(tmp_path / "encoder"), "--out", str(out)],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 2, done.stderr
+        assert f"{tmp_path / 'encoder'}: not an exported encoder (no config.json" in done.stderr
+        assert not out.exists()
