@@ -88,9 +88,10 @@ CANDIDATES = {
     "alibi_init_steep_cls": lambda steps: ["model.relative_init=alibi", "model.alibi_heads=8", "model.untie_cls=true"],
     # A prior for the head STS-B reads (a piece's attention on its twin across the pair), which forms only late:
     # layer 1's queries and keys start as one map, the token itself held back (`model.same_piece_init`). At the full
-    # budget and at half, where the signal is measured against the half-budget base.
+    # budget, at half (the signal measured against the half-budget base) and at the first look's quarter.
     "same_piece_init": lambda steps: ["model.same_piece_init=4.0"],
     "same_piece_init_half": lambda steps: ["model.same_piece_init=4.0", f"steps={steps // 2}"],
+    "same_piece_init_quarter": lambda steps: ["model.same_piece_init=4.0", f"steps={steps // 4}"],
     "layers_2": lambda steps: ["model.layers=2"],
     "detector_bias_zero": lambda steps: ["model.detector_bias=zero"],
     "init_0.01": lambda steps: ["model.initializer_range=0.01"],
