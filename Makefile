@@ -6,8 +6,8 @@
 #   make test       set up .venv from the lock file, check format and lint (ruff), then run the test suite
 #   make test-fast  the same without the tests that start servers or run the pipeline's stages (minutes)
 # and the rest:
-#   make first-look ELECTRA against the no-pretraining control, the headline's first claim (about 1.5 h in bf16)
-#   make repro-all  every run of every table and figure (`dvc repro`): about 32 hours on 2 CPU cores (docs/operations.md)
+#   make first-look ELECTRA against the no-pretraining control, the headline's first claim (about 45 min in bf16)
+#   make repro-all  every run of every table and figure (`dvc repro`): about 31 hours on 2 CPU cores (docs/operations.md)
 #   make results    after a repro: the report's numbers into results/<preset>/, the README and docs/results.md
 # Offline (no Hugging Face hub), point ELECTRALAB_DATA at a local mirror: ELECTRALAB_DATA=../shared/data
 # `make test` also needs Debian's chromium + chromium-driver (the UI tests): installed here when missing, as root.
@@ -50,7 +50,7 @@ repro: setup
 	python flows/reproduce.py --tables $(HEADLINE) --no-prefect
 
 # The headline's cheapest pair whose claim shows at this preset (ELECTRA > control), through the same stages: make
-# repro later finds them done. Shorter ELECTRA runs fine-tune to the control's level (docs/findings.md).
+# repro later finds them done.
 first-look: setup
 	python flows/reproduce.py --runs $(FIRST_LOOK) --no-prefect
 

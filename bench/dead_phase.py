@@ -43,7 +43,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from electralab.env import source_commit  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "dead_phase"
-STEPS = 8000  # the tiny preset's main-row budget
+STEPS = 8000  # the tiny preset's main-row budget when the sweep ran (a full pass over the mirror's articles)
+# The sweep's base is the tiny preset as it was when the sweep ran, before the preset took up its findings (the
+# same-piece prior; the ablation shape at lr 3e-4 and 700 steps, which the documented commands pass as --steps):
+# every point starts from it, per budget, so each documented command still measures what it measured.
+SWEEP_BASE = {"main": ["model.same_piece_init=null"], "ablation": ["model.same_piece_init=null", "pretrain.lr=3e-4"]}
 LEFT = 0.02  # the guard's min_base_rate_gain: the detector has left the base rate
 
 
@@ -59,7 +63,7 @@ def short(length: int, share: int) -> list[str]:
 SPREAD = ["model.relative_init=alibi", "model.alibi_heads=8", "model.alibi_pick=spread"]
 
 # name -> the sets it applies, as a function of the steps (warm-ups are fractions of the budget). Each is a
-# parameter of the library, documented in docs/configuration.md; the base is the preset as it is.
+# parameter of the library, documented in docs/configuration.md; the base is SWEEP_BASE.
 CANDIDATES = {
     "base": lambda steps: [],
     "pre_ln": lambda steps: ["model.norm=pre"],
@@ -150,9 +154,13 @@ def point_name(method: str, candidate: str, seed: int) -> str:
     return f"{method}-{candidate}-s{seed}"
 
 
-def point_sets(candidate: str, steps: int, extra: list[str], seed: int) -> tuple[list[str], int]:
-    """The --set items of a point and its schedule's steps (a candidate's `steps=N` replaces --steps)."""
-    sets = [*CANDIDATES[candidate](steps), *extra, f"pretrain.seed={seed}"]
+def point_sets(method: str, candidate: str, steps: int, extra: list[str], seed: int) -> tuple[list[str], int]:
+    """The --set items of a point (the SWEEP_BASE of the method's budget, then the candidate's) and its schedule's
+    steps (a candidate's `steps=N` replaces --steps)."""
+    from electralab.config import MAIN_BUDGET, load_params
+
+    budget = load_params(ROOT / "params.yaml").raw["runs"][method].get("budget", MAIN_BUDGET)
+    sets = [*SWEEP_BASE[budget], *CANDIDATES[candidate](steps), *extra, f"pretrain.seed={seed}"]
     for item in sets:
         if item.startswith("steps="):
             steps = int(item.partition("=")[2])
@@ -202,7 +210,7 @@ def run_point(args) -> None:
     from electralab.train.common import machine, resolve_precision
 
     torch.set_num_threads(args.threads)
-    sets, steps = point_sets(args.candidate, args.steps, args.set, args.seed)
+    sets, steps = point_sets(args.method, args.candidate, args.steps, args.set, args.seed)
     deadline = float(os.environ.get("DEAD_PHASE_DEADLINE", "inf"))
 
     def stop(step: int) -> bool:  # asked after every step; --stop-at is the loop's step, resumes included

@@ -132,7 +132,9 @@ def test_a_runs_budget_picks_its_scale_and_every_table_compares_at_one_budget():
     guard, model = runs["cocolm_ablation"].pretrain.guard, runs["cocolm_ablation"].model
     assert guard.every == ablation["pretrain"]["guard"]["every"] and guard.batches == tiny.pretrain.guard.batches
     assert model.detector_bias == tiny.model.detector_bias == "base_rate"
-    assert runs["cocolm_no_relpos"].model == dataclasses.replace(model, relative_positions=False)  # the run's own
+    assert model.same_piece_init == tiny.model.same_piece_init == 4.0  # the preset's prior, every budget alike
+    # the run's own: without the relative bias the prior (which lives in it) is off too
+    assert runs["cocolm_no_relpos"].model == dataclasses.replace(model, relative_positions=False, same_piece_init=None)
     for key, spec in TABLES.items():  # the control included: the same encoder as the table's rows
         budgets = {runs[r].spec.budget for r in spec.runs()}
         assert len(budgets) == 1, (key, budgets)

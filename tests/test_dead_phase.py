@@ -67,12 +67,25 @@ def test_every_candidate_is_a_list_of_sets_and_warmups_follow_the_budget():
     assert dead_phase.CANDIDATES["warmup_2pct"](8000) == ["pretrain.warmup_steps=160"]
     assert dead_phase.CANDIDATES["warmup_2pct"](1000) == ["pretrain.warmup_steps=20"]
     assert dead_phase.CANDIDATES["batch_8"](8000) == ["pretrain.batch_size=8", "pretrain.micro_batch_size=8"]
-    assert dead_phase.point_sets("short_32_25pct", 8000, ["pretrain.use_gpu=true"], 2) == (
-        ["pretrain.short_seq_len=32", "pretrain.short_seq_until=0.25", "pretrain.use_gpu=true", "pretrain.seed=2"],
+    assert dead_phase.point_sets("electra", "short_32_25pct", 8000, ["pretrain.use_gpu=true"], 2) == (
+        [
+            *dead_phase.SWEEP_BASE["main"],
+            *["pretrain.short_seq_len=32", "pretrain.short_seq_until=0.25", "pretrain.use_gpu=true", "pretrain.seed=2"],
+        ],
         8000,
     )
-    sets, steps = dead_phase.point_sets("batch_16_steps_2x", 8000, [], 1)  # the base's tokens, twice the steps
-    assert steps == 16000 and sets == ["pretrain.batch_size=16", "pretrain.micro_batch_size=16", "pretrain.seed=1"]
+    # the base's tokens, twice the steps
+    sets, steps = dead_phase.point_sets("electra", "batch_16_steps_2x", 8000, [], 1)
+    assert steps == 16000 and sets == [
+        *dead_phase.SWEEP_BASE["main"],
+        *["pretrain.batch_size=16", "pretrain.micro_batch_size=16", "pretrain.seed=1"],
+    ]
+    # the prior's candidates set it on top of the sweep's base, which has it off
+    sets, _ = dead_phase.point_sets("electra", "same_piece_init", 8000, [], 1)
+    assert sets.index("model.same_piece_init=null") < sets.index("model.same_piece_init=4.0")
+    # the ablation shape's sweep ran at lr 3e-4; a --set comes after it
+    sets, _ = dead_phase.point_sets("electra_ablation", "base", 700, ["pretrain.lr=1e-3"], 1)
+    assert sets.index("pretrain.lr=3e-4") < sets.index("pretrain.lr=1e-3")
 
 
 def test_a_fine_tuned_point_shows_its_signal_and_the_others_a_dash():

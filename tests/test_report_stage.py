@@ -81,8 +81,8 @@ def test_stage_writes_every_output_and_logs_the_report(tmp_path, env, store):
         assert (reports / "tables" / f"{stem(key)}.md").read_text().startswith(f"### {TABLES[key].name} — ours: tiny")
         assert (
             "Data: tiny preset: corpus enwiki_featured_articles.txt, enwiki_good_articles_sample.txt (offline "
-            "mirror); 8192-piece uncased BPE; main model 4 layers x 128 hidden; 8000 steps (ablation runs: 12 "
-            "layers x 64 hidden, 700 steps) x 32 sequences x 128 tokens"
+            "mirror); 8192-piece uncased BPE; main model 4 layers x 128 hidden (layer 1 on the same-piece prior, "
+            "4); 2000 steps (ablation runs: 12 layers x 64 hidden, 1400 steps) x 32 sequences x 128 tokens"
             in (reports / "tables" / f"{stem(key)}.md").read_text()
         )
         csv = pd.read_csv(reports / "tables" / f"{stem(key)}.csv")

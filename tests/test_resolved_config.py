@@ -49,7 +49,7 @@ def resolved(raw: dict) -> dict:
                 "budget": p["budget"],
                 "seed": p["seed"],
                 "settings": p["settings"],
-                "model": _changed(p["model"], budget["model"]),
+                "model": {key: p["model"][key] for key in run.spec.model},  # what the run states, resolved
             }
             seen = out["runs"].setdefault(run_name, own)
             assert seen == own, f"run {run_name} resolves differently at preset {name}: {own} vs {seen}"

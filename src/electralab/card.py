@@ -40,10 +40,11 @@ def describe(preset_name: str, preset: Preset, mirror: bool) -> str:
         f" ({name} runs: {b.model.layers} layers x {b.model.hidden} hidden, {b.pretrain.steps} steps)"
         for name, b in ((name, preset.budget(name)) for name in preset.budgets)
     )
+    prior = "" if m.same_piece_init is None else f" (layer 1 on the same-piece prior, {m.same_piece_init:g})"
     return (
         f"{preset_name} preset: corpus {corpus}{cap}; {preset.vocab.size}-piece "
         f"{'uncased' if preset.corpus.uncased else 'cased'} {preset.vocab.model_type.upper()}; main model "
-        f"{m.layers} layers x {m.hidden} hidden; {p.steps} steps{others} x {p.batch_size} sequences x "
+        f"{m.layers} layers x {m.hidden} hidden{prior}; {p.steps} steps{others} x {p.batch_size} sequences x "
         f"{preset.shards.seq_len} tokens"
     )
 

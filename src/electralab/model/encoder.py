@@ -332,7 +332,8 @@ class Encoder(nn.Module):
             elif cfg.relative_init == "previous_token":
                 previous_token_init(relative_bias)
             if cfg.same_piece_init is not None:  # the token itself held back (same_piece_init, below)
-                itself = relative_position_bucket(torch.tensor(0), cfg.relative_buckets, cfg.relative_max_distance)
+                zero = torch.tensor(0, device="cpu")  # an index, also where the model is built on the meta device
+                itself = int(relative_position_bucket(zero, cfg.relative_buckets, cfg.relative_max_distance))
                 with torch.no_grad():
                     relative_bias.bias.weight[itself] = -cfg.same_piece_init
         self.relative_bias = relative_bias if cfg.relative_positions else None
