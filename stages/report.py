@@ -17,7 +17,6 @@ from pathlib import Path
 from electralab.cli import run_stage  # first: it holds a stop signal while the rest imports
 
 # isort: split
-from electralab.card import describe
 from electralab.config import Params
 from electralab.env import data_root
 from electralab.io import write_json
@@ -26,32 +25,9 @@ from electralab.report.build import workspace_state
 from electralab.report.track import log_report
 
 
-def unavailable(data: Path | None) -> tuple[tuple[str, str], ...]:
-    """The tasks whose evaluation split the offline mirror lacks (QQP's dev): their cells can never fill from it."""
-    from electralab.finetune.tasks import TASKS, MissingSplit, read_split
-
-    out = []
-    for name in TASKS if data is not None else []:
-        for split in TASKS[name].eval_splits:
-            try:
-                read_split(TASKS[name], split.name, data)
-            except MissingSplit as e:
-                out.append((name, str(e)))
-                break
-    return tuple(out)
-
-
 def main(params: Params, args) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder otherwise
-    preset = params.active
-    data = data_root()  # the offline mirror, or None: then Fig. 1/5 says "no data yet"
-    corpus = [data / "corpus" / f.file for f in preset.corpus.mirror] if data else []
-    sources = Sources(
-        note=describe(params.preset, preset, mirror=data is not None),
-        stsb_dev=data / "glue" / "STS-B" / "dev.tsv" if data else None,
-        corpus_files=tuple(f for f in corpus if f.exists()),
-        unavailable=unavailable(data),
-    )
+    sources = Sources.of(params.preset, params.active, data_root())
     # The runs this workspace's outputs are (their metrics files record them): not the latest of each name,
     # which may be another experiment's. A workspace whose stages never recorded one reads the latest.
     state = workspace_state(args.metrics_dir)

@@ -303,3 +303,18 @@ def test_params_yaml_is_in_the_layout_dvc_writes_so_one_set_changes_one_line(tmp
     assert len(before) == len(after)
     changed = [(a, b) for a, b in zip(before, after) if a != b]
     assert len(changed) == 1 and "steps: 500" in changed[0][1], changed[:5]
+
+
+def test_the_first_look_changes_the_presets_fine_tuning_without_the_figures_extras():
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    tiny = parse_params(raw).active
+    first = tiny.first_look_finetune()
+    assert first.tasks == tuple(raw["presets"]["tiny"]["first_look"]["tasks"]) and first.seeds == (1, 2, 3)
+    assert first.efficiency_tasks == first.few_shot_tasks == ()  # the figures' extras are off
+    assert first.task_epochs == tiny.finetune.task_epochs and first.grids == tiny.finetune.grids  # the rest as is
+    with pytest.raises(ConfigError, match=r"presets.tiny.first_look: unknown key 'taks'"):
+        parse_params(with_change(raw, "presets.tiny.first_look.taks", ["stsb"]))
+    with pytest.raises(ConfigError, match=r"presets.tiny.first_look.tasks: 'sts' is not a task"):
+        parse_params(with_change(raw, "presets.tiny.first_look.tasks", ["sts"]))
+    with pytest.raises(ConfigError, match=r"presets.small.first_look: this preset has no first look"):
+        parse_params({**raw, "preset": "small"}).active.first_look_finetune("presets.small.first_look")

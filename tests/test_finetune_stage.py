@@ -236,6 +236,48 @@ def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
     assert set(cells[(cells["task"] == "squad2")]["metric"]) >= {"exact", "f1"}
 
 
+@pytest.mark.slow
+def test_the_first_look_fine_tunes_its_runs_on_its_tasks_and_reports_their_claim_alone(
+    tmp_path, models, env, mlflow_uri, local_ray
+):
+    """The first_look stage: the control and ELECTRA fine-tuned with `presets.tiny.first_look` (here MRPC, whose
+    accuracy a random encoder has; STS-B's correlation of its constant predictions is none), a report built from
+    those fine-tunings and the pretraining runs metrics/pretrain names, the claim in README.md."""
+    from mlflow import MlflowClient
+    from report_helpers import PROVENANCE_TAGS, _run
+
+    root = make_project(tmp_path, models, "control")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["presets"]["tiny"]["first_look"] = {"tasks": ["mrpc"], "seeds": [1, 2, 3]}
+    (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    client = MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("electralab-tiny").experiment_id
+    for run, method in (("control", "none"), ("electra", "electra")):
+        tags = {"run": run, "method": method, "tables": "", "preset": "tiny", "stage": "pretrain", "seed": "1"}
+        rid = _run(client, experiment, run, tags | PROVENANCE_TAGS, params={"pretrain.steps": 100})
+        write_json(root / "metrics" / "pretrain" / f"{run}.json", {"mlflow_run_id": rid})
+        model = root / "models" / run  # as pretrain@<run> leaves it: its summary names the same MLflow run
+        model.unlink(missing_ok=True)
+        shutil.copytree(models, model)
+        write_json(model / "summary.json", {**json.loads((models / "summary.json").read_text()), "mlflow_run_id": rid})
+    env(root)
+    stage = load_stage("first_look")
+    argv = ["--params", str(root / "params.yaml"), *stage_args("first_look")[1:]]
+    stage.run_stage("first_look", stage.main, argv, stage.arguments)
+
+    out = root / "first_look"
+    for run in ("control", "electra"):
+        result = json.loads((out / "finetune" / f"{run}.json").read_text())
+        assert set(result) & set(TASK_METRICS) == {"mrpc"} and "checkpoints" not in result  # no figures' extras
+        parents = search(mlflow_uri, run, "finetune")
+        assert list(parents["tags.task"]) == ["mrpc"] and set(parents["tags.seed"]) == {"1,2,3"}
+    readme = (out / "README.md").read_text()
+    claim = next(line for line in readme.splitlines() if line.startswith("| ELECTRA"))
+    assert "> No pretraining (control) | MRPC |" in claim and claim.endswith(" within noise |"), claim  # one encoder
+    assert (out / "report" / "index.html").is_file() and "What it cannot" in readme
+    assert not (root / "metrics" / "finetune").exists()  # the finetune@ stages' files: not the first look's
+
+
 def test_stage_errors_are_one_line_and_leave_no_metrics(tmp_path, env, capsys):
     root = tmp_path / "project"
     root.mkdir()

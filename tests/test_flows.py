@@ -107,15 +107,22 @@ def test_plan_puts_producers_first_and_every_target_is_a_stage_of_dvc_yaml():
 
 
 def test_the_first_look_is_the_headlines_control_and_a_row_whose_claim_against_it_the_report_checks():
-    import re
-
+    from electralab.config import load_params
     from electralab.report.claims import comparisons
     from electralab.tables import HEADLINE, TABLES
 
-    first_look = re.search(r"^FIRST_LOOK := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["first_look"]
+    first_look = stage["cmd"].split()[5:]  # python stages/first_look.py metrics out checkpoints RUN...
     plan = make_plan(ROOT, runs=first_look)
     assert plan.runs == ("control", "electra")  # cheapest first; nothing else trains
     assert set(plan.runs) <= set(make_plan(ROOT, tables=list(HEADLINE)).runs)  # make repro goes on from them
+    # the stage waits for both runs' pretraining (DVC orders it after them) and reruns when they change
+    assert {f"models/{run}" for run in first_look} | {f"metrics/pretrain/{run}.json" for run in first_look} <= set(
+        stage["deps"]
+    )
+    assert {f"runs.{run}" for run in first_look} <= set(stage["params"])
+    tasks = load_params(ROOT / "params.yaml").active.first_look_finetune().tasks
+    assert tasks == ("stsb",)  # the tiny preset's first look: STS-B alone
     spec = TABLES[HEADLINE[0]]
     pairs = {(c.run, c.than) for c in comparisons(spec, spec.setting_for["tiny"])}
     assert ("electra", "control") in pairs

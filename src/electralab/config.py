@@ -571,6 +571,19 @@ class Preset:
     # not name is the main one. The tiny preset trains its main rows wide and shallow, where a CPU budget
     # carries signal, and its ablation tables at the papers' depths with a smaller budget of their own.
     budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The fine-tuning of `make first-look` (the first_look stage: the control and ELECTRA, minutes rather than
+    # hours), as changes of `finetune`, e.g. {tasks: [stsb], seeds: [1, 2, 3]}; None: this preset has none.
+    first_look: dict[str, Any] | None = None
+
+    def first_look_finetune(self, where: str = "first_look") -> FinetuneConfig:
+        """`finetune` with the first look's changes, and without the per-run extras (fraction checkpoints, few
+        labels), which belong to the figures."""
+        if self.finetune is None or self.first_look is None:
+            raise ConfigError(f"{where}: this preset has no first look (it needs `finetune` and `first_look`)")
+        if not isinstance(self.first_look, dict):
+            raise ConfigError(f"{where}={self.first_look!r}: state changes of `finetune`, e.g. {{tasks: [stsb]}}")
+        delta = {"efficiency_tasks": [], "few_shot_tasks": [], **self.first_look}
+        return build(FinetuneConfig, deep_merge(to_dict(self.finetune), delta), where)
 
     def budget(self, name: str, where: str = "") -> Budget:
         """The model, generators and schedule of a budget (checked like the preset's own)."""
@@ -595,6 +608,8 @@ class Preset:
         return Budget(**parts)
 
     def check(self, where: str) -> None:
+        if self.first_look is not None:
+            self.first_look_finetune(f"{where}.first_look")
         if MAIN_BUDGET in self.budgets:
             raise ConfigError(f"{where}.budgets.{MAIN_BUDGET}: the main budget is the preset's own model and pretrain")
         for name in (MAIN_BUDGET, *self.budgets):

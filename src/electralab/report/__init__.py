@@ -71,6 +71,34 @@ class Sources:
         gone = dict(self.unavailable)
         return "; ".join(f"{c.name}: {gone[c.task]}" for c in GLUE_AVG_PARTS if c.task in gone)
 
+    @classmethod
+    def of(cls, preset_name: str, preset, data: Path | None) -> "Sources":
+        """A preset's sources, with `data` the offline mirror (or None: Fig. 1/5 then says "no data yet")."""
+        from electralab.card import describe
+
+        corpus = [data / "corpus" / f.file for f in preset.corpus.mirror] if data else []
+        return cls(
+            note=describe(preset_name, preset, mirror=data is not None),
+            stsb_dev=data / "glue" / "STS-B" / "dev.tsv" if data else None,
+            corpus_files=tuple(f for f in corpus if f.exists()),
+            unavailable=unavailable(data),
+        )
+
+
+def unavailable(data: Path | None) -> tuple[tuple[str, str], ...]:
+    """The tasks whose evaluation split the offline mirror lacks (QQP's dev): their cells can never fill from it."""
+    from electralab.finetune.tasks import TASKS, MissingSplit, read_split
+
+    out = []
+    for name in TASKS if data is not None else []:
+        for split in TASKS[name].eval_splits:
+            try:
+                read_split(TASKS[name], split.name, data)
+            except MissingSplit as e:
+                out.append((name, str(e)))
+                break
+    return tuple(out)
+
 
 def stem(key: str) -> str:
     """ "coco-lm/table3" -> "coco-lm_table3" (file names)."""
