@@ -4,7 +4,7 @@
                                                 # what `dvc repro first_look` runs
 
 Fine-tunes the named runs' encoders (models/<run>/, their pretrain stages' outputs) with the preset's
-`first_look` changes of its fine-tuning (the tiny preset: STS-B alone, three seeds), then builds the report from
+`first_look` changes of its fine-tuning (the tiny preset: STS-B alone), then builds the report from
 exactly those fine-tunings and the pretraining runs metrics/pretrain/<run>.json names. Writes first_look/:
 finetune/<run>.json, report/ (the report stage's pages, mostly empty but for these rows) and README.md (the
 claims against the control, and what a first look can and cannot show). Its fine-tunings are its own: the

@@ -572,7 +572,7 @@ class Preset:
     # carries signal, and its ablation tables at the papers' depths with a smaller budget of their own.
     budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The fine-tuning of `make first-look` (the first_look stage: the control and ELECTRA, minutes rather than
-    # hours), as changes of `finetune`, e.g. {tasks: [stsb], seeds: [1, 2, 3]}; None: this preset has none.
+    # hours), as changes of `finetune`, e.g. {tasks: [stsb]}; None: this preset has none.
     first_look: dict[str, Any] | None = None
 
     def first_look_finetune(self, where: str = "first_look") -> FinetuneConfig:
