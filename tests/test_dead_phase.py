@@ -170,7 +170,8 @@ def test_a_point_runs_records_its_trace_and_is_not_run_again(tmp_path, shards_di
     first = sweep(*args, out=tmp_path / "sweep")  # without --stop-at: on to the end
     assert first.returncode == 0, first.stderr[-2000:]
     point = json.loads((tmp_path / "sweep" / "points" / "electra-pre_ln-s1.json").read_text())
-    assert point["sets"][:1] == ["model.norm=pre"] and point["steps"] == 6 and not point["paused"]
+    base = dead_phase.SWEEP_BASE["main"]
+    assert point["sets"][: len(base) + 1] == [*base, "model.norm=pre"] and point["steps"] == 6 and not point["paused"]
     assert sorted(map(int, point["trace"])) == [0, 3, 6] and "rtd_base_rate_gain" in point["trace"]["6"]
     assert point["precision"] in ("fp32", "bf16") and point["commit"]
     assert "| electra | pre_ln | 1 |" in first.stdout

@@ -238,7 +238,7 @@ def test_stage_fine_tunes_every_task_and_tracks_parents_and_children(
 
 @pytest.mark.slow
 def test_the_first_look_fine_tunes_its_runs_on_its_tasks_and_reports_their_claim_alone(
-    tmp_path, models, env, mlflow_uri, local_ray
+    tmp_path, models, env, local_ray, monkeypatch
 ):
     """The first_look stage: the control and ELECTRA fine-tuned with `presets.tiny.first_look` (here MRPC, whose
     accuracy a random encoder has; STS-B's correlation of its constant predictions is none), a report built from
@@ -250,8 +250,10 @@ def test_the_first_look_fine_tunes_its_runs_on_its_tasks_and_reports_their_claim
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["presets"]["tiny"]["first_look"] = {"tasks": ["mrpc"], "seeds": [1, 2, 3]}
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    # a store of its own: the module's store counts the electra trials of other tests
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(mlflow_uri)
-    experiment = client.get_experiment_by_name("electralab-tiny").experiment_id
+    experiment = client.create_experiment("electralab-tiny", artifact_location=(tmp_path / "artifacts").as_uri())
     for run, method in (("control", "none"), ("electra", "electra")):
         tags = {"run": run, "method": method, "tables": "", "preset": "tiny", "stage": "pretrain", "seed": "1"}
         rid = _run(client, experiment, run, tags | PROVENANCE_TAGS, params={"pretrain.steps": 100})
@@ -261,6 +263,7 @@ def test_the_first_look_fine_tunes_its_runs_on_its_tasks_and_reports_their_claim
         shutil.copytree(models, model)
         write_json(model / "summary.json", {**json.loads((models / "summary.json").read_text()), "mlflow_run_id": rid})
     env(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     stage = load_stage("first_look")
     argv = ["--params", str(root / "params.yaml"), *stage_args("first_look")[1:]]
     stage.run_stage("first_look", stage.main, argv, stage.arguments)
