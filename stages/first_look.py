@@ -43,10 +43,9 @@ def main(params: Params, args) -> None:
     from electralab.report import Sources, build_report
 
     allow_missing = os.environ.get(ALLOW_MISSING_ENV, "") not in ("", "0")
+    data = data_root()
     results = {
-        run: finetune(
-            runs[run], cfg, Path("models") / run, args.checkpoints / run, data_root(), allow_missing=allow_missing
-        )
+        run: finetune(runs[run], cfg, Path("models") / run, args.checkpoints / run, data, allow_missing=allow_missing)
         for run in args.runs
     }
     state = WorkspaceState(
@@ -56,7 +55,7 @@ def main(params: Params, args) -> None:
         for run, result in results.items():
             write_json(tmp / "finetune" / f"{run}.json", result)
         built = build_report(
-            params.preset, tmp / "report", sources=Sources.of(params.preset, params.active, data_root()), state=state
+            params.preset, tmp / "report", sources=Sources.of(params.preset, params.active, data), state=state
         )
         claims = built["claims"]
         against = claims[(claims["than"] == CONTROL_RUN) & claims["run"].isin(args.runs)].drop_duplicates("run")

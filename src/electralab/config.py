@@ -580,8 +580,6 @@ class Preset:
         labels), which belong to the figures."""
         if self.finetune is None or self.first_look is None:
             raise ConfigError(f"{where}: this preset has no first look (it needs `finetune` and `first_look`)")
-        if not isinstance(self.first_look, dict):
-            raise ConfigError(f"{where}={self.first_look!r}: state changes of `finetune`, e.g. {{tasks: [stsb]}}")
         delta = {"efficiency_tasks": [], "few_shot_tasks": [], **self.first_look}
         return build(FinetuneConfig, deep_merge(to_dict(self.finetune), delta), where)
 
