@@ -17,6 +17,9 @@ unigram task above 0 (it reads context, rather than calling rare words replaced)
     ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py finetune electra-pre_ln-s1
     # the controlled runs of a fair Table 1 (CONTROLS) and their methods' main rows, to the end of the budget
     ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py --out results/controlled run --controls
+    # ... the same at the preset as params.yaml states it now (its steps, its start; no SWEEP_BASE)
+    ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py --out results/controlled_preset run \
+        --controls --at-preset
 
 Each point (method, candidate, seed) is one process and one file, `--out/points/<method>-<candidate>-s<seed>.json`
 (the trace, where the detector left the base rate, the machine, precision, load and commit); a point with a
@@ -154,13 +157,21 @@ def point_name(method: str, candidate: str, seed: int) -> str:
     return f"{method}-{candidate}-s{seed}"
 
 
-def point_sets(method: str, candidate: str, steps: int, extra: list[str], seed: int) -> tuple[list[str], int]:
-    """The --set items of a point (the SWEEP_BASE of the method's budget, then the candidate's) and its schedule's
-    steps (a candidate's `steps=N` replaces --steps)."""
+def point_sets(
+    method: str, candidate: str, steps: int | None, extra: list[str], seed: int, at_preset: bool = False
+) -> tuple[list[str], int]:
+    """The --set items of a point (the SWEEP_BASE of the method's budget, none `at_preset`, then the candidate's)
+    and its schedule's steps: --steps, else STEPS, or `at_preset` the preset's for the method's run; a candidate's
+    `steps=N` replaces them."""
     from electralab.config import MAIN_BUDGET, load_params
+    from electralab.runs import resolve_run
 
-    budget = load_params(ROOT / "params.yaml").raw["runs"][method].get("budget", MAIN_BUDGET)
-    sets = [*SWEEP_BASE[budget], *CANDIDATES[candidate](steps), *extra, f"pretrain.seed={seed}"]
+    params = load_params(ROOT / "params.yaml")
+    budget = params.raw["runs"][method].get("budget", MAIN_BUDGET)
+    if steps is None:
+        steps = resolve_run(params, method).pretrain.steps if at_preset else STEPS
+    base = [] if at_preset else SWEEP_BASE[budget]
+    sets = [*base, *CANDIDATES[candidate](steps), *extra, f"pretrain.seed={seed}"]
     for item in sets:
         if item.startswith("steps="):
             steps = int(item.partition("=")[2])
@@ -210,7 +221,7 @@ def run_point(args) -> None:
     from electralab.train.common import machine, resolve_precision
 
     torch.set_num_threads(args.threads)
-    sets, steps = point_sets(args.method, args.candidate, args.steps, args.set, args.seed)
+    sets, steps = point_sets(args.method, args.candidate, args.steps, args.set, args.seed, args.at_preset)
     deadline = float(os.environ.get("DEAD_PHASE_DEADLINE", "inf"))
 
     def stop(step: int) -> bool:  # asked after every step; --stop-at is the loop's step, resumes included
@@ -304,8 +315,10 @@ def run(args) -> None:
     threads = max(1, (os.cpu_count() or 1) // args.parallel)
     running: list[subprocess.Popen] = []
     started: dict[str, subprocess.Popen] = {}
-    base = [sys.executable, __file__, "--out", str(args.out), "point", "--steps", str(args.steps)]
-    base += ["--every", str(args.every), "--threads", str(threads), "--commit", source_commit(ROOT)]
+    base = [sys.executable, __file__, "--out", str(args.out), "point", "--every", str(args.every)]
+    base += ["--threads", str(threads), "--commit", source_commit(ROOT)]
+    base += ["--steps", str(args.steps)] if args.steps else []
+    base += ["--at-preset"] if args.at_preset else []
     base += ["--data", str(args.data)] if args.data else []
     base += ["--stop-at", str(args.stop_at)] if args.stop_at else []
     for item in args.set:
@@ -483,7 +496,10 @@ def main() -> None:
     r.add_argument("--minutes", type=float, help="stop every point cleanly after this many minutes")
     pt = sub.add_parser("point", help="one point in this process (what run starts)")
     for p in (r, pt):
-        p.add_argument("--steps", type=int, default=STEPS)
+        p.add_argument("--steps", type=int, help=f"the schedule's steps (default {STEPS}; the preset's --at-preset)")
+        p.add_argument(
+            "--at-preset", action="store_true", help="the active preset's runs as they are, without SWEEP_BASE"
+        )
         p.add_argument("--every", type=int, default=250, help="steps between held-out checks")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every point")
         p.add_argument("--data", type=Path, help="a folder with shards/ and vocab/ (default: the preset's, built)")

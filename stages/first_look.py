@@ -8,7 +8,8 @@ Fine-tunes the named runs' encoders (models/<run>/, their pretrain stages' outpu
 exactly those fine-tunings and the pretraining runs metrics/pretrain/<run>.json names. Writes first_look/:
 finetune/<run>.json, report/ (the report stage's pages, mostly empty but for these rows) and README.md (the
 claims against the control, and what a first look can and cannot show). Its fine-tunings are its own: the
-finetune@<run> stages and the report stage never read them. An interrupted grid resumes from the checkpoints.
+finetune@<run> stages and the report stage never read them, and their MLflow parents are tagged
+`purpose=first_look`, which a report of the latest runs skips. An interrupted grid resumes from the checkpoints.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from electralab.report.build import WorkspaceState, workspace_state
 from electralab.runs import check_run, resolve_all
 from electralab.tables import CONTROL_RUN
 
+PURPOSE = "first_look"  # the MLflow parents' `purpose` tag (tracking.PURPOSE_TAG)
+
 
 def main(params: Params, args) -> None:
     runs = resolve_all(params)  # a mistake anywhere in the registry stops here, by key path
@@ -42,10 +45,12 @@ def main(params: Params, args) -> None:
     from electralab.finetune.protocol import finetune  # imports torch, Ray and MLflow
     from electralab.report import Sources, build_report
 
-    allow_missing = os.environ.get(ALLOW_MISSING_ENV, "") not in ("", "0")
+    allow = os.environ.get(ALLOW_MISSING_ENV, "") not in ("", "0")  # tasks the mirror lacks are skipped
     data = data_root()
     results = {
-        run: finetune(runs[run], cfg, Path("models") / run, args.checkpoints / run, data, allow_missing=allow_missing)
+        run: finetune(
+            runs[run], cfg, Path("models") / run, args.checkpoints / run, data, allow_missing=allow, purpose=PURPOSE
+        )
         for run in args.runs
     }
     state = WorkspaceState(
@@ -64,10 +69,11 @@ def main(params: Params, args) -> None:
 
 
 def summary(preset: str, cfg, runs: list[str], against) -> str:
+    tasks = ", ".join(f"`{t}`" for t in cfg.tasks)
     lines = [
         f"# First look — {preset} preset",
         "",
-        f"Runs {', '.join(runs)}, one pretraining seed each, fine-tuned on {', '.join(cfg.tasks)} with seeds "
+        f"Runs {', '.join(runs)}, one pretraining seed each, fine-tuned on {tasks} with seeds "
         f"{', '.join(map(str, cfg.seeds))} (the median; `presets.{preset}.first_look`). The full report of these "
         "rows: report/index.html.",
         "",

@@ -11,7 +11,6 @@ a `stage=report` run. docs/reproducing.md explains how to read it.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from electralab.cli import run_stage  # first: it holds a stop signal while the rest imports
@@ -26,7 +25,6 @@ from electralab.report.track import log_report
 
 
 def main(params: Params, args) -> None:
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder otherwise
     sources = Sources.of(params.preset, params.active, data_root())
     # The runs this workspace's outputs are (their metrics files record them): not the latest of each name,
     # which may be another experiment's. A workspace whose stages never recorded one reads the latest.

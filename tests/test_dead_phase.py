@@ -17,6 +17,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import dead_phase  # noqa: E402
 
+from electralab.config import load_params  # noqa: E402
+from electralab.runs import resolve_run  # noqa: E402
+
 
 def gains(*values, key="rtd_base_rate_gain"):
     return {str(250 * i): {key: v} for i, v in enumerate(values)}
@@ -86,6 +89,14 @@ def test_every_candidate_is_a_list_of_sets_and_warmups_follow_the_budget():
     # the ablation shape's sweep ran at lr 3e-4; a --set comes after it
     sets, _ = dead_phase.point_sets("electra_ablation", "base", 700, ["pretrain.lr=1e-3"], 1)
     assert sets.index("pretrain.lr=3e-4") < sets.index("pretrain.lr=1e-3")
+    # without --steps: the sweep's STEPS, or --at-preset the preset's run as it is, at its budget's steps
+    assert dead_phase.point_sets("electra", "base", None, [], 1)[1] == dead_phase.STEPS
+    params = load_params(ROOT / "params.yaml")
+    for method in ("electra", "electra_ablation"):
+        sets, steps = dead_phase.point_sets(method, "linear_head", None, [], 3, at_preset=True)
+        assert sets == ["model.detector_head=linear", "pretrain.seed=3"]
+        assert steps == resolve_run(params, method).pretrain.steps
+    assert dead_phase.point_sets("electra", "half", 2000, [], 1, at_preset=True) == (["pretrain.seed=1"], 1000)
 
 
 def test_a_fine_tuned_point_shows_its_signal_and_the_others_a_dash():

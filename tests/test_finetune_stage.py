@@ -246,6 +246,8 @@ def test_the_first_look_fine_tunes_its_runs_on_its_tasks_and_reports_their_claim
     from mlflow import MlflowClient
     from report_helpers import PROVENANCE_TAGS, _run
 
+    from electralab.report.build import fetch_results
+
     root = make_project(tmp_path, models, "control")
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["presets"]["tiny"]["first_look"] = {"tasks": ["mrpc"], "seeds": [1, 2, 3]}
@@ -274,6 +276,8 @@ def test_the_first_look_fine_tunes_its_runs_on_its_tasks_and_reports_their_claim
         assert set(result) & set(TASK_METRICS) == {"mrpc"} and "checkpoints" not in result  # no figures' extras
         parents = search(mlflow_uri, run, "finetune")
         assert list(parents["tags.task"]) == ["mrpc"] and set(parents["tags.seed"]) == {"1,2,3"}
+        assert set(parents["tags.purpose"]) == {"first_look"}
+    assert fetch_results("tiny", mlflow_uri).cells.empty  # a report of the latest runs skips the first look's
     readme = (out / "README.md").read_text()
     claim = next(line for line in readme.splitlines() if line.startswith("| ELECTRA"))
     assert "> No pretraining (control) | MRPC |" in claim and claim.endswith(" within noise |"), claim  # one encoder

@@ -220,6 +220,8 @@ def test_the_reasons_the_fine_tuning_stage_logs_reach_the_report(tmp_path, monke
     tracker = FinetuneTracker(run, (1, 2), tmp_path / "parents.json")
     tracker.missing(Group("qqp"), TASKS["qqp"], QQP_OFFLINE)
     tracker.missing(Group("mnli", checkpoint="050"), TASKS["mnli"], "not the final checkpoint: not a table cell")
+    first_look = FinetuneTracker(run, (1, 2), tmp_path / "first_look.json", purpose="first_look")
+    first_look.missing(Group("rte"), TASKS["rte"], "the first look's, not the report's")
     results = fetch_results("tiny", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert missing_reasons(results) == {("mlm", "qqp"): QQP_OFFLINE}
 

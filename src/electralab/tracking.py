@@ -29,6 +29,9 @@ from electralab.errors import ConfigError
 EXPERIMENT_PREFIX = "electralab-"
 BACKEND_ENV, RUNLOG_ENV = "ELECTRALAB_TRACKING", "ELECTRALAB_RUNLOG"
 BACKENDS = ("mlflow", "file")
+# A fine-tuning's parents tagged with a purpose (the first look's "first_look") are for their own reader: the
+# report's latest-of-each reading and its reasons for empty cells skip them.
+PURPOSE_TAG = "purpose"
 
 
 def tracking_uri() -> str:

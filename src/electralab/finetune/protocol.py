@@ -145,6 +145,7 @@ class GridRun:
         data: dict[tuple[str, float], TaskData],
         scratch_dir: Path,
         show_progress: bool,
+        purpose: str = "",
     ):
         self.run, self.cfg, self.plan, self.data, self.scratch_dir = run, cfg, the_plan, data, scratch_dir
         self.settings = TrialSettings.of(cfg)
@@ -164,7 +165,9 @@ class GridRun:
             for g in self.runnable
         }
         self.store = ResultStore(scratch_dir / "results")
-        self.tracker = FinetuneTracker(run, cfg.seeds, scratch_dir / "parents.json", the_plan.pretrain_run_id)
+        self.tracker = FinetuneTracker(
+            run, cfg.seeds, scratch_dir / "parents.json", the_plan.pretrain_run_id, purpose=purpose
+        )
         self.selections: dict[Group, Selection] = {}
         self.resumed = 0
         self.trial_seconds = 0.0  # the trials' own time (model to last evaluation) of those run now
@@ -309,10 +312,12 @@ def finetune(
     trainable_fn: Callable | None = None,
     show_progress: bool = True,
     allow_missing: bool = False,
+    purpose: str = "",
 ) -> dict:
     """Fine-tune and evaluate `run` (see the module docstring); returns the metrics file's content.
     `trainable_fn` replaces the Tune trainable (tests inject failures with it). A requested task whose data
-    is missing stops it before any trial, unless a known gap of the mirror or `allow_missing`."""
+    is missing stops it before any trial, unless a known gap of the mirror or `allow_missing`. `purpose` tags
+    the MLflow parents of a fine-tuning the report's latest-of-each reading must skip (tracking.PURPOSE_TAG)."""
     from electralab.finetune.tuning import ray_session  # imports Ray
 
     started = time.perf_counter()
@@ -323,7 +328,7 @@ def finetune(
     def prepare_grid() -> GridRun:
         data = load_data(the_plan, cfg, Tokenizer(model_dir / "encoder"), data_root)
         check_missing(run, the_plan, allow_missing)
-        grid = GridRun(run, cfg, the_plan, data, scratch_dir, show_progress)
+        grid = GridRun(run, cfg, the_plan, data, scratch_dir, show_progress, purpose)
         seconds["data"] = time.perf_counter() - started
         return grid
 

@@ -25,10 +25,13 @@ from electralab.finetune.grid import Group, Selection, TrialSpec
 from electralab.finetune.tasks import Task
 from electralab.io import read_json, write_json
 from electralab.runs import ResolvedRun
+from electralab.tracking import PURPOSE_TAG
 
 
 class FinetuneTracker:
-    def __init__(self, run: ResolvedRun, seeds: tuple[int, ...], state_path: Path, pretrain_run_id: str = ""):
+    def __init__(
+        self, run: ResolvedRun, seeds: tuple[int, ...], state_path: Path, pretrain_run_id: str = "", purpose: str = ""
+    ):
         self.run = run
         self.client = tracking.client()
         self.experiment = tracking.ensure_experiment(run.preset)
@@ -42,6 +45,7 @@ class FinetuneTracker:
             stage="finetune",
             pretrain_run_id=pretrain_run_id,
             row=run.row,
+            **({PURPOSE_TAG: purpose} if purpose else {}),
         )
         self.state_path = Path(state_path)
         self.parents: dict[str, dict] = read_json(self.state_path) if self.state_path.is_file() else {}

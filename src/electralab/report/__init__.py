@@ -22,6 +22,7 @@ exported encoders: STS-B pairs and corpus paragraphs (`Sources`). The library kn
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -133,6 +134,7 @@ def cosines(results: Results, sources: Sources) -> pd.DataFrame:
         return frame
     ids = dict(zip(results.pretrain["run"], results.pretrain["run_id"]))
     parts = [frame]
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per encoder otherwise
     for run in F.COSINE_RUNS:
         if run not in ids:
             continue

@@ -260,7 +260,9 @@ def fetch_results(preset: str, tracking_uri: str | None = None, state: Workspace
     parents, pretrain = _search(mlflow, experiment, "finetune"), _search(mlflow, experiment, "pretrain")
     failed = _failed_runs(pretrain)
     stale = []
-    if state is not None:
+    if state is None:  # the latest of each: not a fine-tuning made for another reader (the first look's)
+        parents = parents[_tag(parents, tracking.PURPOSE_TAG, "") == ""] if not parents.empty else parents
+    else:
         pretrain = pretrain[pretrain["run_id"].isin(set(state.pretrain.values()))] if not pretrain.empty else pretrain
         stale = sorted(run for run, f in state.finetune.items() if f.get("pretrain_run_id") != state.pretrain.get(run))
         keep = {pid for run, f in state.finetune.items() if run not in stale for pid in f.get("parents", {}).values()}
