@@ -413,7 +413,7 @@ def test_one_ablation_table_through_the_flow(ablation, prefect_api):
     project, db, proc = ablation
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The whole pipeline for one table: data once, then each run's pretraining and fine-tuning, then the report.
-    expected = ["corpus", "vocab", "shards"] + [
+    expected = ["corpus", "vocab", "shards", "resolve"] + [
         f"{s}@{r}" for r in ABLATION_RUNS for s in ("pretrain", "finetune", "export")
     ]
     assert ran(proc.stdout + proc.stderr) == expected + ["report"]
@@ -510,7 +510,7 @@ def test_make_repro_needs_no_prefect_runs_cheapest_first_reports_each_row_then_t
     )
     assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
     runs = [f"{s}@{r}" for r in ("control", "cocolm") for s in ("pretrain", "finetune", "export")]
-    assert ran(made.stdout) == ["corpus", "vocab", "shards", *runs[:3], "report", *runs[3:], "report"]
+    assert ran(made.stdout) == ["corpus", "vocab", "shards", "resolve", *runs[:3], "report", *runs[3:], "report"]
     progress = re.findall(r"^reproduce: \[\d+/8\] (\S+): (\S+); (.*)$", made.stdout, re.M)
     assert [stage for stage, _, _ in progress] == ["corpus", "shards", *runs], made.stdout[-3000:]
     assert {result for _, result, _ in progress} == {"ran"}
@@ -535,7 +535,10 @@ def test_make_repro_needs_no_prefect_runs_cheapest_first_reports_each_row_then_t
         set_param(project, f"runs.{name}.settings", {"crop_fraction": 0.85})
     changed = flow(project, env, "--runs", "cocolm", "control")
     assert changed.returncode == 0, changed.stderr[-3000:]
-    assert ran(changed.stdout + changed.stderr) == ["pretrain@cocolm", "finetune@cocolm", "export@cocolm", "report"]
+    assert ran(changed.stdout + changed.stderr) == [
+        "resolve",  # every run resolved again; only cocolm's changed
+        *["pretrain@cocolm", "finetune@cocolm", "export@cocolm", "report"],
+    ]
 
 
 # ---- faults -------------------------------------------------------------------------------------------
@@ -642,7 +645,7 @@ def test_two_flows_at_once_on_another_presets_workspace_one_waits_and_params_sta
     # The second flow waited for the first to end, then found every stage up to date: each ran once (but the
     # report, which always runs).
     assert sorted(ran(outputs[0]) + ran(outputs[1])) == sorted(
-        ["corpus", "vocab", "shards", "pretrain@mlm", "finetune@mlm", "export@mlm", "report", "report"]
+        ["corpus", "vocab", "shards", "resolve", "pretrain@mlm", "finetune@mlm", "export@mlm", "report", "report"]
     )
     assert sum("waiting for another reproduce flow" in out for out in outputs) == 1
 

@@ -131,6 +131,21 @@ def test_dvc_repro_pretrain_with_dependent_runs_and_mlflow(tmp_path):
     final_mix = only_run(client, "amos_final_mix")
     assert final_mix.data.params["settings.mixture"] == "fixed"
 
+    # A run depends on what it resolves to (resolved/<run>.json), not on params.yaml's sections or the schema:
+    # an edit of config.py that changes no run retrains none, and a change of one run retrains that run alone.
+    config = project / "src" / "electralab" / "config.py"
+    config.write_text(config.read_text() + "\n# a comment: the schema edited, no run changed\n")
+    proc = run([str(BIN / "dvc"), "repro", "pretrain@cocolm_converged_aux", "pretrain@amos_final_mix"], project, env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Running stage 'resolve'" in proc.stdout and "Running stage 'pretrain@" not in proc.stdout, proc.stdout
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["runs"]["cocolm_converged_aux"]["seed"] = 2
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert run([str(BIN / "dvc"), "repro", "resolve"], project, env).returncode == 0
+    trained = [f"pretrain@{r}" for r in ("cocolm_ablation", "cocolm_converged_aux", "amos_ablation", "amos_final_mix")]
+    status = run([str(BIN / "dvc"), "status", "--json", *trained], project, env)
+    assert set(json.loads(status.stdout)) == {"pretrain@cocolm_converged_aux"}, status.stdout
+
 
 # ---- exact resume ----------------------------------------------------------------------------------
 

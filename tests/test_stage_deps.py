@@ -113,8 +113,9 @@ def loaded_on_import(script: Path) -> set[Path]:
 # Imported but deliberately not a dependency, and why.
 NOT_DEPS = {
     # A run's tables only label it (an MLflow tag); its training does not read them, and a dependency would
-    # retrain every run whenever a row is added to any table (dvc.yaml says so above the stage).
-    "pretrain": {"src/electralab/tables.py"},
+    # retrain every run whenever a row is added to any table (dvc.yaml says so above the stage). The schema
+    # (config.py) only resolves the run, and the stage depends on what it resolved (resolved/<run>.json).
+    "pretrain": {"src/electralab/tables.py", "src/electralab/config.py"},
 }
 
 
