@@ -131,7 +131,7 @@ def test_dvc_repro_pretrain_with_dependent_runs_and_mlflow(tmp_path):
     final_mix = only_run(client, "amos_final_mix")
     assert final_mix.data.params["settings.mixture"] == "fixed"
 
-    # A run depends on what it resolves to (resolved/<run>.json), not on params.yaml's sections or the schema:
+    # A run depends on what it resolves to (resolved/pretrain/<run>.json), not on params.yaml's sections or the schema:
     # an edit of config.py that changes no run retrains none, and a change of one run retrains that run alone.
     config = project / "src" / "electralab" / "config.py"
     config.write_text(config.read_text() + "\n# a comment: the schema edited, no run changed\n")

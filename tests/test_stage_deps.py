@@ -114,8 +114,11 @@ def loaded_on_import(script: Path) -> set[Path]:
 NOT_DEPS = {
     # A run's tables only label it (an MLflow tag); its training does not read them, and a dependency would
     # retrain every run whenever a row is added to any table (dvc.yaml says so above the stage). The schema
-    # (config.py) only resolves the run, and the stage depends on what it resolved (resolved/<run>.json).
+    # (config.py) only resolves the run, and the stage depends on what it resolved (resolved/pretrain/<run>.json).
     "pretrain": {"src/electralab/tables.py", "src/electralab/config.py"},
+    # What the fine-tuning takes from both (its grid, its extras, its row) is in resolved/finetune/<run>.json; a
+    # run's tables otherwise only label its MLflow parents.
+    "finetune": {"src/electralab/tables.py", "src/electralab/config.py"},
 }
 
 
