@@ -71,7 +71,8 @@ def test_the_stages_whose_outputs_follow_the_registry_depend_on_it():
             if isinstance(d, str)
         )
 
-    assert depends(stages["finetune"]["do"])  # the extras
+    # the fine-tuning's extras: through what the resolve stage writes of them for each run
+    assert depends(stages["resolve"]) and "resolved/finetune/${key}.json" in stages["finetune"]["do"]["deps"]
     assert depends(stages["export"]["do"])  # the model card's tables
     assert depends(stages["report"])
     # Not pretraining: a run's tables only label it in MLflow, and a new row must not retrain every run.
