@@ -117,6 +117,12 @@ def _search(mlflow, experiment: str, stage: str) -> pd.DataFrame:
     )
 
 
+def without_purpose(parents: pd.DataFrame) -> pd.DataFrame:
+    """The fine-tuning parents made for the report: not those tagged with another reader's purpose (the first
+    look's; tracking.PURPOSE_TAG)."""
+    return parents[_tag(parents, tracking.PURPOSE_TAG, "") == ""] if not parents.empty else parents
+
+
 def _tag(runs: pd.DataFrame, name: str, default: str) -> pd.Series:
     """A tag column, `default` where the tag (or the whole column) is absent."""
     column = f"tags.{name}"
@@ -261,7 +267,7 @@ def fetch_results(preset: str, tracking_uri: str | None = None, state: Workspace
     failed = _failed_runs(pretrain)
     stale = []
     if state is None:  # the latest of each: not a fine-tuning made for another reader (the first look's)
-        parents = parents[_tag(parents, tracking.PURPOSE_TAG, "") == ""] if not parents.empty else parents
+        parents = without_purpose(parents)
     else:
         pretrain = pretrain[pretrain["run_id"].isin(set(state.pretrain.values()))] if not pretrain.empty else pretrain
         stale = sorted(run for run, f in state.finetune.items() if f.get("pretrain_run_id") != state.pretrain.get(run))

@@ -18,7 +18,7 @@ import pandas as pd
 
 from electralab import tracking
 from electralab.finetune.tasks import TASKS
-from electralab.report.build import BuiltTable, Results, cell_lookup
+from electralab.report.build import BuiltTable, Results, cell_lookup, without_purpose
 from electralab.tables import GLUE_AVG, GLUE_AVG_PARTS, Column
 
 
@@ -32,8 +32,7 @@ def missing_reasons(results: Results) -> dict[tuple[str, str], str]:
     if parents.empty or "tags.missing" not in parents:
         return {}
     parents = parents[parents["tags.missing"].notna() & (parents["tags.missing"] != "")]
-    if f"tags.{tracking.PURPOSE_TAG}" in parents:  # a fine-tuning for another reader (the first look's)
-        parents = parents[parents[f"tags.{tracking.PURPOSE_TAG}"].fillna("") == ""]
+    parents = without_purpose(parents)
     for tag, final in (("tags.checkpoint", "final"), ("tags.label_fraction", "1.0")):
         if tag in parents:
             parents = parents[parents[tag].fillna(final).isin([final, ""])]
