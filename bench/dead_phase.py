@@ -157,6 +157,14 @@ def point_name(method: str, candidate: str, seed: int) -> str:
     return f"{method}-{candidate}-s{seed}"
 
 
+def known_run(params, method: str) -> dict:
+    """params.yaml's run `method` as it states it, or exit naming the run and the runs there are."""
+    runs = params.raw["runs"]
+    if method not in runs:
+        sys.exit(f"error: params.yaml has no run {method!r} (--methods, --points); runs: {', '.join(sorted(runs))}")
+    return runs[method]
+
+
 def point_sets(
     method: str, candidate: str, steps: int | None, extra: list[str], seed: int, at_preset: bool = False
 ) -> tuple[list[str], int]:
@@ -167,7 +175,7 @@ def point_sets(
     from electralab.runs import resolve_run
 
     params = load_params(ROOT / "params.yaml")
-    budget = params.raw["runs"][method].get("budget", MAIN_BUDGET)
+    budget = known_run(params, method).get("budget", MAIN_BUDGET)
     if steps is None:
         steps = resolve_run(params, method).pretrain.steps if at_preset else STEPS
     base = [] if at_preset else SWEEP_BASE[budget]
@@ -302,6 +310,11 @@ def run(args) -> None:
     unknown = sorted({c for _, c, _ in wanted} - set(CANDIDATES))
     if unknown:
         sys.exit(f"error: unknown candidate(s) {unknown}; choose from {sorted(CANDIDATES)}")
+    from electralab.config import load_params
+
+    params = load_params(ROOT / "params.yaml")
+    for method in sorted({m for m, _, _ in wanted}):
+        known_run(params, method)
     done = {  # a paused point runs on, unless it has reached this --stop-at
         point_name(p["method"], p["candidate"], p["seed"])
         for p in load_points(args.out)

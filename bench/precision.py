@@ -57,8 +57,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "precision")
     args = ap.parse_args()
 
-    if args.encoder and not (args.encoder / "config.json").is_file():
-        sys.exit(f"--encoder {args.encoder}: no exported encoder (config.json) there")  # before --out is made
+    if args.encoder:
+        from sentence_probe import check_encoders
+
+        check_encoders(ap, [args.encoder])  # before --out is made
 
     from electralab.config import load_params
     from electralab.runs import resolve_run

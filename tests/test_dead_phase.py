@@ -99,6 +99,18 @@ def test_every_candidate_is_a_list_of_sets_and_warmups_follow_the_budget():
     assert dead_phase.point_sets("electra", "half", 2000, [], 1, at_preset=True) == (["pretrain.seed=1"], 1000)
 
 
+def test_an_unknown_run_is_named_before_any_point_starts(tmp_path):
+    for args in (["run", "--methods", "electra", "elektra"], ["point", "--method", "elektra", "--candidate", "base"]):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "dead_phase.py"), "--out", str(tmp_path / "out"), *args],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 1
+        assert "params.yaml has no run 'elektra'" in done.stderr and "electra_ablation" in done.stderr
+        assert not (tmp_path / "out").exists()
+
+
 def test_a_fine_tuned_point_shows_its_signal_and_the_others_a_dash():
     scores = {"stsb": (70.0, [70.0, 71.0, 69.0]), "mrpc": (71.0, [71.0, 70.0, 72.0]), "cola": (0.0, [0.0, 0.0, 0.0])}
     finetune = {t: {"median": m, "seeds": dict(enumerate(v, 1))} for t, (m, v) in scores.items()}

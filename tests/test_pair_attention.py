@@ -49,9 +49,14 @@ def test_even_attention_sends_the_even_share():
 def test_a_directory_that_is_not_an_encoder_fails_by_name_before_any_work(tmp_path):
     (tmp_path / "encoder").mkdir()
     out = tmp_path / "out.json"
-    for script in ("pair_attention.py", "sentence_probe.py"):
+    commands = {
+        "pair_attention.py": [str(tmp_path / "encoder")],
+        "sentence_probe.py": [str(tmp_path / "encoder")],
+        "precision.py": ["--encoder", str(tmp_path / "encoder")],
+    }
+    for script, args in commands.items():
         done = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / script), str(tmp_path / "encoder"), "--out", str(out)],
+            [sys.executable, str(ROOT / "bench" / script), *args, "--out", str(out)],
             capture_output=True,
             text=True,
         )
