@@ -124,20 +124,23 @@ def mlflow_ui(ablation, tmp_path_factory):
 def test_mlflow_ui_lists_the_ablation_runs_with_their_metrics(mlflow_ui, browser):
     experiment = api(mlflow_ui, "api/2.0/mlflow/experiments/get-by-name?experiment_name=electralab-tiny")
     experiment_id = experiment["experiment"]["experiment_id"]
-    runs = api(
-        mlflow_ui,
-        "api/2.0/mlflow/runs/search",
-        {"experiment_ids": [experiment_id], "filter": f"tags.stage = 'pretrain' and tags.tables LIKE '%{ABLATION}%'"},
-    )["runs"]
+    table_runs = f"tags.stage = 'pretrain' and tags.tables LIKE '%{ABLATION}%'"
+    runs = api(mlflow_ui, "api/2.0/mlflow/runs/search", {"experiment_ids": [experiment_id], "filter": table_runs})[
+        "runs"
+    ]
     assert sorted(r["info"]["run_name"] for r in runs) == sorted(ABLATION_RUNS)
 
-    show(
+    # The runs page with the same filter in its search box, as a user narrows it to one table's pretraining: the
+    # unfiltered page shows the newest 100 runs, most of them the fine-tuning trials nested under their parents, so
+    # how many pretraining runs it lists depends on how many trials the grid ran.
+    text = show(
         browser,
-        f"{mlflow_ui}/#/experiments/{experiment_id}/runs",
+        f"{mlflow_ui}/#/experiments/{experiment_id}/runs?{urllib.parse.urlencode({'searchFilter': table_runs})}",
         "electralab-tiny",
         *ABLATION_RUNS,
         shot="mlflow-ablation-runs.png",
     )
+    assert "teams_ablation/stsb" not in text and "report-tiny" not in text  # the filter applied: pretraining only
     ids = json.dumps([r["info"]["run_id"] for r in runs])
     compare = (
         f"{mlflow_ui}/#/compare-runs?runs={urllib.parse.quote(ids)}"
