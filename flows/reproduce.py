@@ -78,31 +78,50 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# make passes a SIGTERM it receives on to its child, so `kill -TERM -- -<pgid>` of `make repro` (as systemd and docker
+# stop a service) reaches this process twice, the two within a millisecond of each other: one stop, not a second one.
+SAME_STOP_S = 1.0
+
+
+class Stops:
+    """The stop signals this command has received: the first (`signum`) ends it after the current stage; another
+    one more than SAME_STOP_S later ends it at once (`received` answers True)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.at = 0.0
+
+    def received(self, signum: int, now: float) -> bool:
+        if self.signum is None:
+            self.signum, self.at = signum, now
+            return False
+        return now - self.at > SAME_STOP_S
+
+
 def run_without_prefect(plan: Plan) -> None:
     """`make repro`. Ctrl-C reaches the stage too (the terminal signals the whole process group): the stage stops
     itself in one line, as DVC lets it, and this command ends after it with one line of its own. A signal to this
     process alone (kill <pid>) ends it after the current stage; a second signal ends it at once."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     log = logging.getLogger("reproduce")
-    stopping: list[int] = []
+    stops = Stops()
 
     def received(signum: int, frame) -> None:
-        if stopping:
+        if stops.received(signum, time.monotonic()):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
-        stopping.append(signum)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, received)
     try:
-        failed = reproduce_locally(plan, log, stop=lambda: bool(stopping))
+        failed = reproduce_locally(plan, log, stop=lambda: stops.signum is not None)
     except (ConfigError, StageFailed) as e:
-        if not stopping:
+        if stops.signum is None:
             fail(e)
-    if stopping:
-        name = signal.Signals(stopping[0]).name
+    if stops.signum is not None:
+        name = signal.Signals(stops.signum).name
         print(f"reproduce: stopped by {name}; the same command goes on from there (`make repro`)", file=sys.stderr)
-        sys.exit(128 + stopping[0])
+        sys.exit(128 + stops.signum)
     if failed:
         print(f"error: failed: {', '.join(failed)} (the report names them; their logs are above)", file=sys.stderr)
         sys.exit(1)

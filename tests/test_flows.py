@@ -36,7 +36,7 @@ from project_helpers import BIN, env_for, run, set_param
 sys.path.insert(0, str(ROOT / "flows"))
 import workspace  # noqa: E402
 from deployments import DEPLOYMENTS  # noqa: E402
-from reproduce import retry_unless_bad_input  # noqa: E402
+from reproduce import SAME_STOP_S, Stops, retry_unless_bad_input  # noqa: E402
 from workspace import StageFailed, make_plan, targets  # noqa: E402
 
 from electralab.errors import ConfigError  # noqa: E402
@@ -580,6 +580,14 @@ def test_kill_mid_pretraining_then_the_flow_again_resumes_and_redoes_nothing_fin
     assert not state.exists() and (project / "models" / "electra" / "encoder").is_dir()
 
 
+def test_a_signal_twice_at_once_is_one_stop_and_a_later_one_ends_the_command_at_once():
+    stops = Stops()
+    assert not stops.received(signal.SIGTERM, 100.0) and stops.signum == signal.SIGTERM  # after the current stage
+    assert not stops.received(signal.SIGTERM, 100.001)  # make passing the group's SIGTERM on: the same stop
+    assert stops.received(signal.SIGINT, 100.0 + SAME_STOP_S + 0.1)  # a second Ctrl-C: at once
+    assert stops.signum == signal.SIGTERM  # the stop the command names is the first
+
+
 def test_ctrl_c_of_make_repro_stops_the_stage_and_the_command_in_one_line_each_and_it_goes_on(tmp_path):
     """Ctrl-C on `make repro`'s path (the terminal signals the process group) mid fine-tuning: the stage stops itself
     in its one line, the command after it in one line of its own, no traceback; the same command goes on."""
@@ -611,6 +619,7 @@ def test_ctrl_c_of_make_repro_stops_the_stage_and_the_command_in_one_line_each_a
         time.sleep(0.1)
     time.sleep(2)  # inside the stage: its data and Ray starting
     os.killpg(first.pid, signal.SIGINT)
+    os.kill(first.pid, signal.SIGINT)  # the same stop again at once, as make passes a group's SIGTERM on to the flow
     output.append(first.stdout.read())
     assert first.wait(timeout=FLOW_TIMEOUT) == 130, "".join(output)[-3000:]
     text = "".join(output)
