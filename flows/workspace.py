@@ -291,21 +291,31 @@ class Pace:
         self.pretrain_seconds = self.pretrain_cost = 0.0  # of the pretraining stages that ran
         self.seconds: dict[str, list[float]] = defaultdict(list)
         self.probed: float | None = None  # seconds per unit of cost, from probe_pace
-        # The stages an earlier command finished here (a stopped `make repro` run again) timed themselves:
-        # their metrics files hold pretraining's wall hours and fine-tuning's seconds.
-        metrics = plan.workspace / "metrics"
+        # The pretraining and fine-tuning stages time themselves over all their commands (a stopped `make repro`
+        # run again): their metrics files hold pretraining's wall hours and fine-tuning's seconds.
+        self.metrics = plan.workspace / "metrics"
         for run, cost in self.cost.items():
-            hours = read_number(metrics / "pretrain" / f"{run}.json", "wall_hours")
-            if cost and hours:
-                self.pretrain_seconds += hours * 3600
+            if cost and (seconds := self.stage_seconds("pretrain", run)):
+                self.pretrain_seconds += seconds
                 self.pretrain_cost += cost
-            if seconds := read_number(metrics / "finetune" / f"{run}.json", "seconds"):
+            if seconds := self.stage_seconds("finetune", run):
                 self.seconds["finetune"].append(seconds)
 
+    def stage_seconds(self, kind: str, run: str) -> float | None:
+        """A pretraining or fine-tuning stage's own time, from its metrics file (None where not there)."""
+        if kind == "pretrain":
+            hours = read_number(self.metrics / "pretrain" / f"{run}.json", "wall_hours")
+            return hours * 3600 if hours else None
+        return read_number(self.metrics / "finetune" / f"{run}.json", "seconds")
+
     def record(self, target: str, result: str, seconds: float) -> None:
+        """A stage this command ran took `seconds`; a stage resumed from an earlier command's checkpoint took
+        longer, which its own metrics file counts."""
         kind, _, run = target.partition("@")
         if result != "ran":
             return
+        if kind in ("pretrain", "finetune"):
+            seconds = self.stage_seconds(kind, run) or seconds
         if kind == "pretrain" and self.cost.get(run):
             self.pretrain_seconds += seconds
             self.pretrain_cost += self.cost[run]

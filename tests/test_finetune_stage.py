@@ -412,11 +412,36 @@ def test_ctrl_c_stops_the_stage_in_one_line_its_parents_killed_and_the_rerun_kee
     assert not (root / "metrics").exists()
     assert {r.info.status for r in logged("finetune")} == {"KILLED"}
     kept = len(list(results.rglob("*.json")))
+    earlier = json.loads((results.parent / "seconds.json").read_text())["seconds"]  # saved at each finished trial
+    assert earlier > 0
 
     again = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     resumed = re.search(r"finetune mlm: (\d+) trials \((\d+) from an earlier run\)", again.stdout)
     assert resumed and int(resumed.group(1)) == 10 and int(resumed.group(2)) >= kept >= 1, again.stdout[-3000:]
+    # The stage's time counts both commands (make repro's time left reads it), not only the second one's.
+    assert f"(earlier commands {earlier:.0f} s, data " in again.stdout, again.stdout[-3000:]
+    phase = float(re.search(r"phase 1 (\d+) s", again.stdout).group(1))
+    assert json.loads((root / "metrics" / "finetune" / "mlm.json").read_text())["seconds"] >= earlier + phase
+
+
+def test_the_stage_clock_counts_earlier_commands_on_the_same_grid_only(tmp_path):
+    """metrics' `seconds` of a grid stopped and run again: the earlier commands' time, kept at each finished
+    trial, plus this one's; not the time of a grid of other inputs (its trials stale), nor of an unreadable file."""
+    from electralab.finetune.protocol import StageClock
+
+    path = tmp_path / "seconds.json"
+    first = StageClock(path)
+    first.of_grid("a")
+    first.started -= 100.0  # this command has run 100 s
+    first.save()
+    same, other = StageClock(path), StageClock(path)
+    same.of_grid("a")
+    other.of_grid("b")
+    assert same.earlier == pytest.approx(100.0, abs=0.2) and same.seconds() >= same.earlier
+    assert other.earlier == 0.0
+    path.write_text("{not json")
+    assert StageClock(path).earlier == 0.0
 
 
 def test_a_grid_resumed_after_the_library_changed_starts_over(tmp_path, models, env, monkeypatch):

@@ -179,6 +179,11 @@ def test_the_time_left_uses_a_probe_until_a_pretraining_has_run_then_what_ran(
         (project / "metrics" / kind / f"{name}.json").write_text(json.dumps(record))
     again = Pace(dataclasses.replace(plan, project=project))
     assert again.left(rest) == pytest.approx(1800.0 + 900.0)
+    # A stage this command resumed took longer than this command saw: its metrics count all its commands.
+    (project / "metrics" / "pretrain" / "electra.json").write_text(json.dumps({"wall_hours": 1.0}))
+    again.record("pretrain@electra", "ran", 60.0)
+    costs = dict(zip(plan.runs, plan.costs))
+    assert again.left(["pretrain@cocolm"]) == pytest.approx(costs["cocolm"] * 5400.0 / (mlm + costs["electra"]))
 
 
 def refusing_prefect(tmp_path: Path) -> str:

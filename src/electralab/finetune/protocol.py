@@ -18,7 +18,8 @@
 5. MLflow: a child per trial as it finishes, the parent's medians and spread when its group is done.
 
 Finished trials are kept in `scratch_dir` (checkpoints/finetune/<run>/, outside DVC's outputs): a
-re-run after an interruption runs only what is left. The scratch is removed when everything succeeded.
+re-run after an interruption runs only what is left, and the metrics' `seconds` count every command's
+time (StageClock). The scratch is removed when everything succeeded.
 """
 
 from __future__ import annotations
@@ -40,10 +41,37 @@ from electralab.finetune.metrics import glue_average
 from electralab.finetune.tasks import TASKS, MissingSplit
 from electralab.finetune.track import FinetuneTracker
 from electralab.finetune.trial import TrialSettings
-from electralab.io import fingerprint, read_json, sha256_file, source_digest
+from electralab.io import fingerprint, read_json, sha256_file, source_digest, write_json
 from electralab.runs import ResolvedRun
 from electralab.tables import in_efficiency_figure, in_few_shot_figure
 from electralab.tracking import finite
+
+
+class StageClock:
+    """The stage's seconds over every command that worked on its grid, the metrics' `seconds` (make repro's time
+    left and docs/operations.md's times read them): a grid stopped and run again counts its earlier commands too,
+    a grid of other inputs (its trials stale) does not. Kept in the scratch directory at each finished trial, so
+    a crash loses only the time since the last one."""
+
+    def __init__(self, path: Path):
+        self.path, self.started, self.grid = path, time.perf_counter(), ""
+        try:
+            kept = read_json(path)
+            self.earlier, self.kept_grid = float(kept["seconds"]), str(kept["grid"])
+        except (OSError, ValueError, KeyError, TypeError):  # none yet (the first command), or unreadable
+            self.earlier, self.kept_grid = 0.0, ""
+
+    def of_grid(self, grid: str) -> None:
+        """The grid this command works on (its trials' fingerprints): the earlier time counts only if the same."""
+        self.grid = grid
+        if grid != self.kept_grid:
+            self.earlier = 0.0
+
+    def seconds(self) -> float:
+        return self.earlier + time.perf_counter() - self.started
+
+    def save(self) -> None:
+        write_json(self.path, {"seconds": round(self.seconds(), 1), "grid": self.grid})
 
 
 @dataclass
@@ -146,8 +174,10 @@ class GridRun:
         scratch_dir: Path,
         show_progress: bool,
         purpose: str = "",
+        clock: StageClock | None = None,
     ):
         self.run, self.cfg, self.plan, self.data, self.scratch_dir = run, cfg, the_plan, data, scratch_dir
+        self.clock = clock or StageClock(scratch_dir / "seconds.json")
         self.settings = TrialSettings.of(cfg)
         weights = {ckpt: sha256_file(d / "weights.pt") for ckpt, d in the_plan.encoders.items()}
         # What a finished trial depended on: a result with another fingerprint is stale. The library's source
@@ -164,6 +194,7 @@ class GridRun:
             )
             for g in self.runnable
         }
+        self.clock.of_grid(fingerprint(sorted(self.fingerprints.values())))
         self.store = ResultStore(scratch_dir / "results")
         self.tracker = FinetuneTracker(
             run, cfg.seeds, scratch_dir / "parents.json", the_plan.pretrain_run_id, purpose=purpose
@@ -233,6 +264,7 @@ class GridRun:
             result = {"fingerprint": self.fingerprints[spec.group], "history": history}
             self.store.put(spec, result)  # first: a finished trial is never run again
             self.trial_seconds += result["history"][-1].get("seconds", 0.0)
+            self.clock.save()
             record(spec, result)
 
         todo = []
@@ -322,13 +354,14 @@ def finetune(
 
     started = time.perf_counter()
     model_dir, scratch_dir = Path(model_dir).resolve(), Path(scratch_dir).resolve()
+    clock = StageClock(scratch_dir / "seconds.json")
     the_plan = plan(run, cfg, model_dir)
     seconds = {"data": 0.0, "Ray start": 0.0}  # both counted from the start: they run side by side
 
     def prepare_grid() -> GridRun:
         data = load_data(the_plan, cfg, Tokenizer(model_dir / "encoder"), data_root)
         check_missing(run, the_plan, allow_missing)
-        grid = GridRun(run, cfg, the_plan, data, scratch_dir, show_progress, purpose)
+        grid = GridRun(run, cfg, the_plan, data, scratch_dir, show_progress, purpose, clock)
         seconds["data"] = time.perf_counter() - started
         return grid
 
@@ -355,13 +388,14 @@ def finetune(
                 raise
     grid.bar.close()
     shutil.rmtree(scratch_dir, ignore_errors=True)
-    summary = summarize(grid.selections, the_plan.missing, time.perf_counter() - started)
+    summary = summarize(grid.selections, the_plan.missing, clock.seconds())
     # Which MLflow runs these numbers are, and of which pretraining run: the report reads only those.
     summary["mlflow"] = {"pretrain_run_id": the_plan.pretrain_run_id, "parents": dict(sorted(parents.items()))}
+    parts = ({"earlier commands": clock.earlier} if clock.earlier else {}) | seconds
     print(
         f"finetune {run.name}: {summary['trials']} trials ({grid.resumed} from an earlier run) of "
         f"{len(grid.selections)} groups in {summary['seconds']:.0f} s ("
-        + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
+        + ", ".join(f"{k} {v:.0f} s" for k, v in parts.items())
         + f"; the trials' own time {grid.trial_seconds:.1f} s); missing: {', '.join(the_plan.missing) or 'none'}"
     )
     return summary
