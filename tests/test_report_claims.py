@@ -4,6 +4,7 @@ published difference, Welch's test and the verdicts; and the per-seed values rea
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -129,6 +130,19 @@ def test_missing_rows_or_single_seeds_give_no_verdict():
     assert frame["cocolm>control"]["verdict"] == HOLDS
     assert math.isnan(welch_p_value(np.array([1.0]), np.array([2.0, 3.0])))
     assert welch_p_value(np.array([1.0, 1.0]), np.array([1.0, 1.0])) == 1.0
+
+
+def test_a_row_constant_over_its_seeds_is_tested_without_a_warning():
+    """The control at chance on QNLI scores 50.0 with every seed (seen in the headline run): Welch's test against
+    it is the other row's one-sample t-test against 50, and scipy's precision warning (the constant side's zero
+    variance) is not printed into the report stage's log."""
+    from scipy import stats
+
+    varying, constant = np.array([49.85, 50.4, 50.05, 52.95, 50.0]), np.full(5, 50.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = welch_p_value(varying, constant)
+    assert p == pytest.approx(stats.ttest_1samp(varying, 50.0).pvalue)
 
 
 def test_per_seed_values_come_back_from_the_fine_tuning_parents(store):
