@@ -458,7 +458,9 @@ def test_a_grid_resumed_after_the_library_changed_starts_over(tmp_path, models, 
     data = protocol.load_data(the_plan, cfg, Tokenizer(models / "encoder"), mirror_root())
 
     def fingerprints() -> dict:
-        return protocol.GridRun(run, cfg, the_plan, data, tmp_path / "scratch", show_progress=False).fingerprints
+        scratch = tmp_path / "scratch"
+        clock = protocol.StageClock(scratch / "seconds.json")
+        return protocol.GridRun(run, cfg, the_plan, data, scratch, clock, show_progress=False).fingerprints
 
     before = fingerprints()
     assert fingerprints() == before and len(before) == 3  # MNLI, RTE, MNLI on checkpoint 050

@@ -172,12 +172,12 @@ class GridRun:
         the_plan: Plan,
         data: dict[tuple[str, float], TaskData],
         scratch_dir: Path,
+        clock: StageClock,
         show_progress: bool,
         purpose: str = "",
-        clock: StageClock | None = None,
     ):
         self.run, self.cfg, self.plan, self.data, self.scratch_dir = run, cfg, the_plan, data, scratch_dir
-        self.clock = clock or StageClock(scratch_dir / "seconds.json")
+        self.clock = clock
         self.settings = TrialSettings.of(cfg)
         weights = {ckpt: sha256_file(d / "weights.pt") for ckpt, d in the_plan.encoders.items()}
         # What a finished trial depended on: a result with another fingerprint is stale. The library's source
@@ -352,17 +352,16 @@ def finetune(
     the MLflow parents of a fine-tuning the report's latest-of-each reading must skip (tracking.PURPOSE_TAG)."""
     from electralab.finetune.tuning import ray_session  # imports Ray
 
-    started = time.perf_counter()
     model_dir, scratch_dir = Path(model_dir).resolve(), Path(scratch_dir).resolve()
-    clock = StageClock(scratch_dir / "seconds.json")
+    clock = StageClock(scratch_dir / "seconds.json")  # this command's start, and the earlier commands' time
     the_plan = plan(run, cfg, model_dir)
     seconds = {"data": 0.0, "Ray start": 0.0}  # both counted from the start: they run side by side
 
     def prepare_grid() -> GridRun:
         data = load_data(the_plan, cfg, Tokenizer(model_dir / "encoder"), data_root)
         check_missing(run, the_plan, allow_missing)
-        grid = GridRun(run, cfg, the_plan, data, scratch_dir, show_progress, purpose, clock)
-        seconds["data"] = time.perf_counter() - started
+        grid = GridRun(run, cfg, the_plan, data, scratch_dir, clock, show_progress, purpose)
+        seconds["data"] = time.perf_counter() - clock.started
         return grid
 
     # A local Ray takes about 4 s to start, most of it waiting on its own processes: the driver tokenises
@@ -370,7 +369,7 @@ def finetune(
     with ThreadPoolExecutor(max_workers=1) as pool:
         preparing = pool.submit(prepare_grid)
         with ray_session(cfg.resources):
-            seconds["Ray start"] = time.perf_counter() - started
+            seconds["Ray start"] = time.perf_counter() - clock.started
             grid = preparing.result()  # bad data or a missing task stops the stage here, before any trial
             try:
                 first = [g for g in grid.runnable if not grid.uses_selection(g)]
