@@ -208,6 +208,7 @@ def test_a_point_runs_records_its_trace_and_is_not_run_again(tmp_path, shards_di
         ("dead_phase", "findings.md", "dead_phase table"),
         ("dead_phase_signal", "findings.md", "signal table"),
         ("controlled", "reproducing.md", "controlled table"),
+        ("controlled_preset", "reproducing.md", "controlled_preset table"),
     ],
 )
 def test_the_docs_show_the_committed_points_as_the_bench_renders_them(capsys, folder, page, marker):
@@ -218,7 +219,10 @@ def test_the_docs_show_the_committed_points_as_the_bench_renders_them(capsys, fo
     text = (ROOT / "docs" / page).read_text()
     shown = text.split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- end {marker} -->", 1)[0]
     assert shown.strip() == rendered, f"docs/{page}: run `python bench/dead_phase.py --out results/{folder} table`"
-    assert rendered.count("\n| electra |") >= {"dead_phase": 16, "dead_phase_signal": 2, "controlled": 1}[folder]
+    assert (
+        rendered.count("\n| electra |")
+        >= {"dead_phase": 16, "dead_phase_signal": 2, "controlled": 1, "controlled_preset": 2}[folder]
+    )
 
 
 def test_the_trace_reads_the_run_that_trained_the_encoder_not_an_attempt_killed_before_it(tmp_path):
