@@ -20,6 +20,10 @@ unigram task above 0 (it reads context, rather than calling rare words replaced)
     # ... the same at the preset as params.yaml states it now (its steps, its start; no SWEEP_BASE)
     ELECTRALAB_DATA=../shared/data .venv/bin/python bench/dead_phase.py --out results/controlled_preset run \
         --controls --at-preset
+    # the rows (a run's points: its pretraining seeds) against ELECTRA's and the control's, Welch's t-test over the
+    # pretraining seeds as report/claims.py tests a claim: holds, reversed, or within noise
+    .venv/bin/python bench/dead_phase.py --out results/controlled_preset compare \
+        --against electra-base-s1 control-base-s1
 
 Each point (method, candidate, seed) is one process and one file, `--out/points/<method>-<candidate>-s<seed>.json`
 (the trace, where the detector left the base rate, the machine, precision, load and commit); a point with a
@@ -34,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -381,7 +386,7 @@ def table(args) -> None:
         gain = next((last[k] for k in DETECTOR_GAINS if k in last), float("nan"))
         left = left_at(p["trace"])
         reached = max(map(int, p["trace"]), default=0)
-        share = f"{left / p['steps']:.0%}" if left else f"not by step {reached}"
+        share = f"{left / p['steps']:.0%}" if left else f"not by step {reached}" if p["trace"] else "no detector"
         state = (
             f" (stopped at {p.get('stopped_at', reached)})"
             if p.get("paused")
@@ -478,6 +483,75 @@ def finetune(args) -> None:
         print(f"{name}: {medians}, signal {sum(medians.values()) / len(medians):.1f}")
 
 
+def row_key(point: dict) -> str:
+    """The run a point pretrained, its seed aside: the run params.yaml resolves now from the point's method, sets
+    (but `pretrain.seed`) and steps. Points with one key are one row's pretraining seeds, whatever their candidate
+    was called: a sweep's `same_piece_init_quarter` is the preset's `base` since the preset took up the prior."""
+    from heldout_trace import resolve
+
+    sets = [item for item in point["sets"] if not item.startswith("pretrain.seed=")]
+    run, _, vocab_sets = resolve(point["method"], sets, point["steps"], every=1)  # checks' spacing: not the run
+    return json.dumps([dataclasses.asdict(run), vocab_sets], sort_keys=True, default=str)
+
+
+def compare(args) -> None:
+    """Each row of --out's fine-tuned points (the points of one run, row_key, are its pretraining seeds; --with adds
+    other folders' seeds of those runs, a seed counted once, --out's) against the row of each --against point, as
+    report/claims.py checks a claim on STS-B, MRPC and CoLA: ours is the difference of the rows' scores (a row's:
+    the median over its pretraining seeds of each seed's median over the fine-tuning seeds of the tasks' mean), the
+    verdict Welch's two-sided t-test at claims.ALPHA with the pretraining seed as unit where a row has several
+    (`nested_welch`). Its premise is the papers' direction: the row above the one it is compared with (every newer
+    objective above ELECTRA in COCO-LM's, AMOS's and TEAMS's Table 1; every pretrained row above the control). The
+    control's rows are only compared with."""
+    from signal_sweep import SIGNAL_TASKS
+
+    from electralab.report.claims import common_seeds, difference, verdict
+
+    points = [p for p in load_points(args.out) if "finetune" in p]
+    named = {point_name(p["method"], p["candidate"], p["seed"]): p for p in points}
+    missing = [name for name in args.against if name not in named]
+    if missing:
+        sys.exit(f"error: --against {missing[0]!r}: no fine-tuned point of that name in {args.out / 'points'}")
+    labels: dict[str, str] = {}  # row_key -> method/candidate of its first point in --out
+    seeds_of: dict[str, dict[int, dict]] = {}  # row_key -> {pretraining seed: point}
+    for p in points:
+        key = row_key(p)
+        labels.setdefault(key, f"{p['method']}/{p['candidate']}")
+        seeds_of.setdefault(key, {})[p["seed"]] = p
+    for p in (p for folder in args.with_ for p in load_points(folder) if "finetune" in p):
+        if (key := row_key(p)) in seeds_of:
+            seeds_of[key].setdefault(p["seed"], p)
+
+    def seed_scores(point: dict) -> dict[str, dict[int, float]]:
+        return {t: {int(s): v for s, v in point["finetune"][t]["seeds"].items()} for t in SIGNAL_TASKS}
+
+    print(
+        "| row | pretraining seeds | each seed's score | than | ours | spread | ours / spread | p | verdict |\n"
+        + "|---" * 9
+        + "|"
+    )
+    for name in args.against:
+        than = row_key(named[name])
+        theirs = [seed_scores(p) for _, p in sorted(seeds_of[than].items())]
+        for key in sorted(labels, key=lambda k: (not labels[k].startswith("electra/"), labels[k])):
+            if key == than or labels[key].startswith("control/"):
+                continue
+            mine = [seed_scores(p) for _, p in sorted(seeds_of[key].items())]
+            seeds = common_seeds(mine + theirs, list(SIGNAL_TASKS))
+            ours, p_value, spread = difference(mine, theirs, seeds, list(SIGNAL_TASKS))
+            each = ", ".join(f"{statistics.median(score(s, seeds)):.1f}" for s in mine)
+            print(
+                f"| {labels[key]} | {', '.join(map(str, sorted(seeds_of[key])))} | {each} | "
+                f"{labels[than]} ({len(theirs)}) | {ours:+.1f} | {spread:.1f} | {ours / spread:+.1f} | "
+                f"{p_value:.3f} | {verdict(ours, p_value, published=1.0)} |"
+            )
+
+
+def score(seed_scores: dict[str, dict[int, float]], seeds: list[int]) -> list[float]:
+    """A point's score at each fine-tuning seed: the mean over its tasks (claims.scores' per-seed score)."""
+    return [statistics.mean(by_seed[s] for by_seed in seed_scores.values()) for s in seeds]
+
+
 def pack(args) -> None:
     """What comes back from a machine without this checkout: every point in one archive, and the encoders of
     the `--best` finished points that left the base rate earliest (the base's first), one archive each."""
@@ -528,6 +602,11 @@ def main() -> None:
     pk = sub.add_parser("pack", help="the points and the best encoders into --to (what a GPU machine returns)")
     pk.add_argument("--to", type=Path, required=True)
     pk.add_argument("--best", type=int, default=6)
+    cp = sub.add_parser("compare", help="the rows against --against's rows: holds, reversed or within noise")
+    cp.add_argument("--against", nargs="+", required=True, metavar="POINT", help="e.g. electra-base-s1 (its row)")
+    cp.add_argument(
+        "--with", dest="with_", nargs="+", type=Path, default=[], metavar="FOLDER", help="more seeds of --out's rows"
+    )
     f = sub.add_parser("finetune", help="fine-tune finished points' encoders (STS-B, MRPC, CoLA)")
     f.add_argument("points", nargs="+", help="point names, e.g. electra-pre_ln-s1")
     f.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
@@ -536,7 +615,8 @@ def main() -> None:
     # deviation (docs/findings.md, "Precision: bf16 against fp32"), and the points are compared across machines.
     f.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32", help="default: %(default)s")
     args = ap.parse_args()
-    commands = {"run": run, "point": run_point, "table": table, "curves": curves, "finetune": finetune, "pack": pack}
+    commands = {"run": run, "point": run_point, "table": table, "curves": curves, "finetune": finetune}
+    commands |= {"compare": compare, "pack": pack}
     commands[args.command](args)
 
 

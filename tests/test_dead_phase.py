@@ -239,3 +239,43 @@ def test_the_trace_reads_the_run_that_trained_the_encoder_not_an_attempt_killed_
     for step, gain in ((200, 0.03), (100, 0.01)):
         client.log_metrics(trained, {"heldout_rtd_base_rate_gain": gain, "loss": 8.0}, step=step)
     assert heldout_trace.held_out(tmp_path) == {100: {"rtd_base_rate_gain": 0.01}, 200: {"rtd_base_rate_gain": 0.03}}
+
+
+def fine_tuned_point(folder: Path, method: str, candidate: str, seed: int, sets: list[str], level: float) -> None:
+    """A point file as `finetune` leaves it: five fine-tuning seeds of STS-B, MRPC and CoLA around `level`."""
+    wobble = [0.0, 0.3, -0.3, 0.6, -0.6]
+    values = {str(s): level + wobble[s - 1] for s in range(1, 6)}
+    tasks = {task: {"median": level, "seeds": values} for task in ("stsb", "mrpc", "cola")}
+    point = {"method": method, "candidate": candidate, "seed": seed, "steps": 2000, "finetune": tasks}
+    point["sets"] = [*sets, f"pretrain.seed={seed}"]
+    (folder / "points").mkdir(parents=True, exist_ok=True)
+    (folder / "points" / f"{dead_phase.point_name(method, candidate, seed)}.json").write_text(json.dumps(point))
+
+
+def test_compare_tests_rows_over_their_pretraining_seeds_a_run_under_two_names_being_one_row(tmp_path, capsys):
+    import argparse
+
+    out, elsewhere = tmp_path / "preset", tmp_path / "sweep"
+    for seed, level in ((1, 40.0), (2, 41.0), (3, 39.5)):
+        fine_tuned_point(out, "control", "base", seed, [], level)
+    for seed, level in ((2, 50.0), (3, 51.0)):
+        fine_tuned_point(out, "electra", "base", seed, [], level)
+    fine_tuned_point(out, "cocolm", "base", 2, [], 50.5)
+    # seed 1 of both under the sweep's name for what the preset now is (its prior, its steps): the same run
+    fine_tuned_point(elsewhere, "electra", "same_piece_init_quarter", 1, ["model.same_piece_init=4.0"], 50.5)
+    fine_tuned_point(elsewhere, "cocolm", "same_piece_init_quarter", 1, ["model.same_piece_init=4.0"], 49.5)
+    fine_tuned_point(elsewhere, "electra", "base", 2, [], 10.0)  # a seed --out has: not counted again
+    fine_tuned_point(elsewhere, "electra", "pre_ln", 1, ["model.norm=pre"], 60.0)  # not a run of --out's: left out
+
+    dead_phase.compare(argparse.Namespace(out=out, with_=[elsewhere], against=["control-base-s1", "electra-base-s2"]))
+    lines = capsys.readouterr().out.strip().splitlines()[2:]
+    assert [line.split(" | ")[:4] for line in lines] == [
+        ["| electra/base", "1, 2, 3", "50.5, 50.0, 51.0", "control/base (3)"],
+        ["| cocolm/base", "1, 2", "49.5, 50.5", "control/base (3)"],
+        ["| cocolm/base", "1, 2", "49.5, 50.5", "electra/base (3)"],
+    ]
+    cells = [line.split(" | ") for line in lines]
+    assert cells[0][4] == "+10.5" and cells[0][-1] == "holds |"  # 50.5 against 40.0, pretraining seeds as units
+    assert cells[2][4] == "-0.5" and cells[2][-1] == "within noise |"
+    with pytest.raises(SystemExit, match="--against 'electra-pre_ln-s1': no fine-tuned point"):
+        dead_phase.compare(argparse.Namespace(out=out, with_=[], against=["electra-pre_ln-s1"]))
