@@ -397,10 +397,15 @@ def table(args) -> None:
         print(
             f"| {p['method']} | {p['candidate']}{state} | {p['seed']} | {left or '-'} | {share} | "
             f"{f'{left * tokens_per_step(p, preset) / 1e6:.1f}M' if left else '-'} | "
-            f"{first_at(p['trace']) or '-'} | {gain:.3f} | {last.get(UNIGRAM_GAIN, float('nan')):.3f} | "
-            f"{last.get('attention_entropy', float('nan')):.3f} | {p['minutes']:.1f} | "
+            f"{first_at(p['trace']) or '-'} | {measured(gain)} | {measured(last.get(UNIGRAM_GAIN))} | "
+            f"{measured(last.get('attention_entropy'))} | {p['minutes']:.1f} | "
             f"{p['device']}, {p['precision']} | {finetuned(p)} |"
         )
+
+
+def measured(value: float | None) -> str:
+    """A trace's value, or '-' where the point has none (the control trains no detector)."""
+    return "-" if value is None or value != value else f"{value:.3f}"
 
 
 def curves(args) -> None:

@@ -279,3 +279,19 @@ def test_compare_tests_rows_over_their_pretraining_seeds_a_run_under_two_names_b
     assert cells[2][4] == "-0.5" and cells[2][-1] == "within noise |"
     with pytest.raises(SystemExit, match="--against 'electra-pre_ln-s1': no fine-tuned point"):
         dead_phase.compare(argparse.Namespace(out=out, with_=[], against=["electra-pre_ln-s1"]))
+
+
+def test_the_docs_show_the_presets_rows_compared_as_the_bench_compares_them(capsys):
+    import argparse
+
+    folders = ROOT / "results" / "controlled_preset", [ROOT / "results" / "dead_phase_signal"]
+    against = ["electra-base-s1", "control-base-s1"]
+    dead_phase.compare(argparse.Namespace(out=folders[0], with_=folders[1], against=against))
+    rendered = capsys.readouterr().out.strip()
+    text = (ROOT / "docs" / "reproducing.md").read_text()
+    marker = "controlled_preset compare"
+    shown = text.split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- end {marker} -->", 1)[0]
+    command = "python bench/dead_phase.py --out results/controlled_preset compare --against electra-base-s1"
+    assert shown.strip() == rendered, f"docs/reproducing.md: run `{command} control-base-s1 --with ...`"
+    assert command in text
+    assert rendered.count("| control/base (") >= 4  # every main row against the control, several seeds each
