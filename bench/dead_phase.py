@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -405,7 +406,7 @@ def table(args) -> None:
 
 def measured(value: float | None) -> str:
     """A trace's value, or '-' where the point has none (the control trains no detector)."""
-    return "-" if value is None or value != value else f"{value:.3f}"
+    return "-" if value is None or math.isnan(value) else f"{value:.3f}"
 
 
 def curves(args) -> None:
@@ -510,8 +511,12 @@ def compare(args) -> None:
     control's rows are only compared with."""
     from signal_sweep import SIGNAL_TASKS
 
-    from electralab.report.claims import common_seeds, difference, verdict
+    from electralab.report.claims import common_seeds, difference, scores, verdict
 
+    tasks = list(SIGNAL_TASKS)
+    empty = [folder for folder in args.with_ if not any((folder / "points").glob("*.json"))]
+    if empty:
+        sys.exit(f"error: --with {empty[0]}: no points in {empty[0] / 'points'}")
     points = [p for p in load_points(args.out) if "finetune" in p]
     named = {point_name(p["method"], p["candidate"], p["seed"]): p for p in points}
     missing = [name for name in args.against if name not in named]
@@ -542,19 +547,14 @@ def compare(args) -> None:
             if key == than or labels[key].startswith("control/"):
                 continue
             mine = [seed_scores(p) for _, p in sorted(seeds_of[key].items())]
-            seeds = common_seeds(mine + theirs, list(SIGNAL_TASKS))
-            ours, p_value, spread = difference(mine, theirs, seeds, list(SIGNAL_TASKS))
-            each = ", ".join(f"{statistics.median(score(s, seeds)):.1f}" for s in mine)
+            seeds = common_seeds(mine + theirs, tasks)
+            ours, p_value, spread = difference(mine, theirs, seeds, tasks)
+            each = ", ".join(f"{statistics.median(scores(s, tasks, seeds)):.1f}" for s in mine)
             print(
                 f"| {labels[key]} | {', '.join(map(str, sorted(seeds_of[key])))} | {each} | "
                 f"{labels[than]} ({len(theirs)}) | {ours:+.1f} | {spread:.1f} | {ours / spread:+.1f} | "
                 f"{p_value:.3f} | {verdict(ours, p_value, published=1.0)} |"
             )
-
-
-def score(seed_scores: dict[str, dict[int, float]], seeds: list[int]) -> list[float]:
-    """A point's score at each fine-tuning seed: the mean over its tasks (claims.scores' per-seed score)."""
-    return [statistics.mean(by_seed[s] for by_seed in seed_scores.values()) for s in seeds]
 
 
 def pack(args) -> None:
@@ -620,8 +620,15 @@ def main() -> None:
     # deviation (docs/findings.md, "Precision: bf16 against fp32"), and the points are compared across machines.
     f.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32", help="default: %(default)s")
     args = ap.parse_args()
-    commands = {"run": run, "point": run_point, "table": table, "curves": curves, "finetune": finetune}
-    commands |= {"compare": compare, "pack": pack}
+    commands = {
+        "run": run,
+        "point": run_point,
+        "table": table,
+        "curves": curves,
+        "finetune": finetune,
+        "compare": compare,
+        "pack": pack,
+    }
     commands[args.command](args)
 
 

@@ -202,6 +202,12 @@ def test_a_point_runs_records_its_trace_and_is_not_run_again(tmp_path, shards_di
     assert again.returncode == 0 and "1 of 1 points done; 0 to run" in again.stdout
 
 
+def docs_block(page: str, marker: str) -> str:
+    """What docs/<page> shows between `<!-- marker -->` and `<!-- end marker -->`."""
+    text = (ROOT / "docs" / page).read_text()
+    return text.split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- end {marker} -->", 1)[0]
+
+
 @pytest.mark.parametrize(
     "folder, page, marker",
     [
@@ -216,8 +222,7 @@ def test_the_docs_show_the_committed_points_as_the_bench_renders_them(capsys, fo
 
     dead_phase.table(argparse.Namespace(out=ROOT / "results" / folder))
     rendered = capsys.readouterr().out.strip()
-    text = (ROOT / "docs" / page).read_text()
-    shown = text.split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- end {marker} -->", 1)[0]
+    shown = docs_block(page, marker)
     assert shown.strip() == rendered, f"docs/{page}: run `python bench/dead_phase.py --out results/{folder} table`"
     assert (
         rendered.count("\n| electra |")
@@ -279,6 +284,8 @@ def test_compare_tests_rows_over_their_pretraining_seeds_a_run_under_two_names_b
     assert cells[2][4] == "-0.5" and cells[2][-1] == "within noise |"
     with pytest.raises(SystemExit, match="--against 'electra-pre_ln-s1': no fine-tuned point"):
         dead_phase.compare(argparse.Namespace(out=out, with_=[], against=["electra-pre_ln-s1"]))
+    with pytest.raises(SystemExit, match=f"--with {tmp_path / 'nowhere'}: no points"):
+        dead_phase.compare(argparse.Namespace(out=out, with_=[tmp_path / "nowhere"], against=["control-base-s1"]))
 
 
 def test_the_docs_show_the_presets_rows_compared_as_the_bench_compares_them(capsys):
@@ -288,10 +295,8 @@ def test_the_docs_show_the_presets_rows_compared_as_the_bench_compares_them(caps
     against = ["electra-base-s1", "control-base-s1"]
     dead_phase.compare(argparse.Namespace(out=folders[0], with_=folders[1], against=against))
     rendered = capsys.readouterr().out.strip()
-    text = (ROOT / "docs" / "reproducing.md").read_text()
-    marker = "controlled_preset compare"
-    shown = text.split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- end {marker} -->", 1)[0]
+    shown = docs_block("reproducing.md", "controlled_preset compare")
     command = "python bench/dead_phase.py --out results/controlled_preset compare --against electra-base-s1"
     assert shown.strip() == rendered, f"docs/reproducing.md: run `{command} control-base-s1 --with ...`"
-    assert command in text
+    assert command in (ROOT / "docs" / "reproducing.md").read_text()
     assert rendered.count("| control/base (") >= 4  # every main row against the control, several seeds each
